@@ -1,0 +1,193 @@
+"""The user's config: which backends, in what order, with what options.
+
+A config is YAML (or a dict, or a ``Config``)::
+
+    backends:                  # in priority order; a name or {name, options}
+      - name: onnxruntime
+        options: {graph_optimization_level: all}
+      - inductor
+    fallback: [eager]          # what runs what the backends refuse or fail; eager ends it
+    policy: priority           # how a backend is chosen among those able to run a node
+    min_block_size: 3          # smaller partitions go to the next able backend
+    exclude_ops: [aten.gelu]   # never given to a backend other than eager
+    pin: {aten.softmax.int: inductor}   # this op goes to this backend when it can run it
+    decompositions: [aten.gelu]          # decomposed before partitioning
+    freeze_weights: true       # inference graphs: weights become constants of the pieces
+
+Unknown keys are errors; every error names the file, the key path, the line, and what
+would have been valid.
+"""
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ArbiterError, ConfigError, UnknownBackendError, UnknownOpError, did_you_mean
+from .ops import resolve
+from .yamlsrc import Located, load_file, validation_error
+
+DEFAULT_CONFIG = "default"
+
+
+class BackendSpec(BaseModel):
+    """One backend of the config, with its options (checked by the backend's Options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="a registered backend (`arbiter backends` lists them)")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="backend options; see the backend's docs")
+
+
+class Config(BaseModel):
+    """A torch-arbiter config. Field docs are the reference; see docs/config.md."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: list[BackendSpec] = Field(
+        description="backends in priority order; a string is shorthand for {name: ...}")
+    fallback: list[str] = Field(
+        default_factory=list,
+        description="backends that run what the `backends` refuse or fail to compile, in "
+                    "order; eager ATen always ends the chain and need not be listed")
+    policy: Literal["priority"] = Field(
+        "priority", description="`priority`: the first backend in config order that can "
+                                "run a node gets it")
+    min_block_size: int = Field(
+        3, ge=1, description="a partition with fewer compute nodes is handed to the next "
+                             "backend able to run its nodes (eager is exempt)")
+    exclude_ops: list[str] = Field(
+        default_factory=list, description="ops (`aten.x` or `aten.x.overload`) that only "
+                                          "eager may run")
+    pin: dict[str, str] = Field(
+        default_factory=dict, description="op -> backend: that backend gets the op whenever "
+                                          "its manifest allows, whatever its priority")
+    decompositions: list[str] = Field(
+        default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
+                                          "before partitioning, on top of the backends' own")
+    freeze_weights: bool = Field(
+        True, description="inference graphs hand parameters and buffers to backends as "
+                          "constants (folded, prepacked). Weights changed in place after "
+                          "compiling are then not seen: recompile, or set false")
+    source: Optional[str] = Field(None, exclude=True,
+                                  description="where the config came from (set by the loader)")
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": b} if isinstance(b, str) else b for b in v]
+        return v
+
+    @field_validator("backends")
+    @classmethod
+    def _non_empty(cls, v: list[BackendSpec]) -> list[BackendSpec]:
+        if not v:
+            raise ValueError("at least one backend is required")
+        return v
+
+    # -- derived views -----------------------------------------------------------
+    def chain_names(self) -> list[str]:
+        """Every backend a node may go to, in order: backends, fallback, eager."""
+        from .registry import aten_fallback
+
+        names = [b.name for b in self.backends]
+        names += [f for f in self.fallback if f not in names]
+        last = aten_fallback().name
+        if last not in names:
+            names.append(last)
+        return names
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        for spec in self.backends:
+            if spec.name == name:
+                return spec.options
+        return {}
+
+
+def _check_semantics(config: Config, located: Located) -> Config:
+    """What pydantic's types cannot say: names that must exist, options that must fit."""
+    from .registry import backend_names, get_backend_class
+
+    known = backend_names()
+    seen: set[str] = set()
+    for i, spec in enumerate(config.backends):
+        if spec.name not in known:
+            raise located.error(("backends", i, "name"),
+                                str(UnknownBackendError(spec.name, known)))
+        if spec.name in seen:
+            raise located.error(("backends", i, "name"), f"backend {spec.name!r} is listed twice")
+        seen.add(spec.name)
+        cls = get_backend_class(spec.name)
+        try:
+            cls.Options.model_validate(spec.options)
+        except ValidationError as exc:
+            raise validation_error(located, exc, cls.Options,
+                                   prefix=("backends", i, "options")) from None
+    for i, name in enumerate(config.fallback):
+        if name not in known:
+            raise located.error(("fallback", i), str(UnknownBackendError(name, known)))
+    chain = config.chain_names()
+    for key in ("exclude_ops", "decompositions"):
+        for i, op in enumerate(getattr(config, key)):
+            try:
+                resolve(op)
+            except UnknownOpError as exc:
+                raise located.error((key, i), str(exc)) from None
+    for op, backend in config.pin.items():
+        try:
+            resolve(op)
+        except UnknownOpError as exc:
+            raise located.error(("pin", op), str(exc)) from None
+        if backend not in chain:
+            raise located.error(("pin", op), f"backend {backend!r} is not in this config"
+                                f"{did_you_mean(backend, chain)}; configured: {', '.join(chain)}")
+    return config
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Configs shipped with arbiter (configs/*.yaml), by name."""
+    root = importlib.resources.files("arbiter.configs")
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir()
+            if p.name.endswith(".yaml")}
+
+
+def _from_located(located: Located) -> Config:
+    if not isinstance(located.data, dict):
+        raise located.error((), "a config must be a mapping with at least `backends:`")
+    try:
+        config = Config.model_validate(located.data)
+    except ValidationError as exc:
+        raise validation_error(located, exc, Config) from None
+    config.source = located.file
+    return _check_semantics(config, located)
+
+
+ConfigLike = Union[None, str, Path, dict, Config]
+
+
+def load_config(src: ConfigLike = None) -> Config:
+    """A Config from a path, the name of a shipped config, a dict, or a Config.
+
+    ``None`` is the embedded default config (configs/default.yaml).
+    """
+    if isinstance(src, Config):
+        return src
+    if src is None:
+        src = DEFAULT_CONFIG
+    if isinstance(src, dict):
+        return _from_located(Located(src, {}, "<dict>"))
+    if isinstance(src, (str, Path)):
+        path = Path(src)
+        if not path.suffix and not path.exists():
+            shipped = shipped_configs()
+            if str(src) not in shipped:
+                raise ConfigError(f"no config file or shipped config named {str(src)!r}"
+                                  f"{did_you_mean(str(src), shipped)}; shipped: "
+                                  f"{', '.join(sorted(shipped))}", file=str(src))
+            path = shipped[str(src)]
+        return _from_located(load_file(path))
+    raise ArbiterError(f"a config is a path, a dict or an arbiter.Config, not {type(src).__name__}")

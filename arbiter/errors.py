@@ -1,0 +1,59 @@
+"""One exception tree for everything torch-arbiter raises on purpose.
+
+Every error carries what it is about (a file, a key path, a line, an op, a backend) as
+attributes, and its message says what would have been valid.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, options: Iterable[str]) -> str:
+    """Return " (did you mean 'x'?)" for the closest option, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class ArbiterError(Exception):
+    """Base class of every error torch-arbiter raises deliberately."""
+
+
+class ConfigError(ArbiterError, ValueError):
+    """A config or manifest file is malformed; names the file, key path and line."""
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 line: int | None = None):
+        self.file, self.key, self.line, self.reason = file, key, line, message
+        where = file or "<config>"
+        if line is not None:
+            where += f":{line}"
+        if key:
+            where += f": {key}"
+        super().__init__(f"{where}: {message}")
+
+
+class ManifestError(ConfigError):
+    """A capability manifest (capabilities/<backend>.yaml) is malformed."""
+
+
+class UnknownBackendError(ArbiterError, LookupError):
+    """A backend name that nothing registered."""
+
+    def __init__(self, name: str, known: Iterable[str]):
+        self.name, self.known = name, sorted(known)
+        super().__init__(
+            f"unknown backend {name!r}{did_you_mean(name, self.known)}; "
+            f"known backends: {', '.join(self.known)} (`arbiter backends` lists them)")
+
+
+class UnknownOpError(ArbiterError, LookupError):
+    """An operator name that does not resolve to a torch operator."""
+
+
+class BackendUnavailableError(ArbiterError):
+    """A configured backend cannot run on this machine (package missing, no device)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(f"backend {name!r} is unavailable: {reason}")

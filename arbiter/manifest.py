@@ -1,0 +1,193 @@
+"""Capability manifests: what a backend says it can run, as data.
+
+One YAML file per backend (``capabilities/<backend>.yaml``)::
+
+    backend: onnxruntime
+    format: 1
+    source: how the file was made (generator command, versions)
+    defaults:                 # apply to every op entry that does not say otherwise
+      dtypes: [float32, float16, int64, bool]
+      devices: [cpu]
+      dynamic: false          # can it take symbolic (dynamic) shapes?
+      verified: declared      # `declared`, or the probe that confirmed the entry
+    ops:
+      aten.addmm.default: {}  # one overload
+      aten.gelu: {}           # every overload of aten.gelu
+      aten.convolution.default: {max_rank: 5, note: "2-D and 3-D only"}
+      "*": {}                 # wildcard: any op (the eager backend)
+    patterns: []              # reserved: subgraphs claimed whole (e.g. fused Triton kernels)
+    decompositions: []        # ops to decompose before partitioning (whole graph)
+
+Lookup order for a node's op: the exact overload, then the op without overload, then
+``"*"``. What data cannot say, a backend says in code with a validator (see
+``arbiter.registry.Backend.validators``).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ManifestError, UnknownOpError, did_you_mean
+from .ops import op_name, packet_name, resolve
+from .yamlsrc import Located, load_file, load_text, validation_error
+
+#: dtype names as torch spells them (``torch.float32`` -> ``float32``).
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+              torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2)
+}
+DEVICES = ("cpu", "cuda", "xpu", "mps", "meta")
+
+
+def _check_dtypes(v: Optional[list[str]]) -> Optional[list[str]]:
+    if v is None:
+        return v
+    for name in v:
+        if name not in DTYPES:
+            raise ValueError(f"unknown dtype {name!r}{did_you_mean(name, DTYPES)}; "
+                             f"valid: {', '.join(DTYPES)}")
+    return v
+
+
+def _check_devices(v: Optional[list[str]]) -> Optional[list[str]]:
+    if v is None:
+        return v
+    for name in v:
+        if name not in DEVICES:
+            raise ValueError(f"unknown device {name!r}{did_you_mean(name, DEVICES)}; "
+                             f"valid: {', '.join(DEVICES)}")
+    return v
+
+
+class OpEntry(BaseModel):
+    """What a backend supports of one op. Unset fields take the manifest's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtypes: Optional[list[str]] = Field(None, description="dtypes every tensor input and "
+                                        "output of the node must have")
+    devices: Optional[list[str]] = Field(None, description="devices the node may run on")
+    dynamic: Optional[bool] = Field(None, description="whether symbolic shapes are accepted")
+    max_rank: Optional[int] = Field(None, ge=0, description="largest tensor rank accepted")
+    verified: Optional[str] = Field(None, description="`declared`, or the probe that "
+                                    "confirmed this entry")
+    note: Optional[str] = Field(None, description="free text shown in reports")
+
+    _dtypes = field_validator("dtypes")(classmethod(lambda cls, v: _check_dtypes(v)))
+    _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dtypes: list[str] = Field(default_factory=lambda: ["float32"])
+    devices: list[str] = Field(default_factory=lambda: ["cpu"])
+    dynamic: bool = False
+    verified: str = "declared"
+
+    _dtypes = field_validator("dtypes")(classmethod(lambda cls, v: _check_dtypes(v)))
+    _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
+
+
+class Pattern(BaseModel):
+    """Reserved for backends that claim whole matched subgraphs rather than single ops."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    ops: list[str] = Field(description="the ops of the pattern, in order")
+    note: Optional[str] = None
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str
+    format: Literal[1] = 1
+    source: Optional[str] = Field(None, description="how this file was produced")
+    defaults: Defaults = Field(default_factory=Defaults)
+    ops: dict[str, OpEntry] = Field(default_factory=dict)
+    patterns: list[Pattern] = Field(default_factory=list)
+    decompositions: list[str] = Field(
+        default_factory=list, description="ops this backend wants decomposed (PyTorch's "
+        "decomposition table) before partitioning; applies to the whole graph")
+
+    @field_validator("ops", mode="before")
+    @classmethod
+    def _none_entries(cls, v: Any) -> Any:
+        # `aten.relu.default:` with no value in YAML means "supported with the defaults".
+        if isinstance(v, dict):
+            return {k: ({} if e is None else e) for k, e in v.items()}
+        return v
+
+    def entry(self, name: str) -> Optional["ResolvedEntry"]:
+        """The resolved entry for a canonical op name, or None if not supported."""
+        return self._resolved(name)
+
+    def model_post_init(self, __context: Any) -> None:
+        self._resolved = functools.lru_cache(maxsize=None)(self._resolve)
+
+    def _resolve(self, name: str) -> Optional["ResolvedEntry"]:
+        entry = self.ops.get(name) or self.ops.get(packet_name(name)) or self.ops.get("*")
+        if entry is None:
+            return None
+        d = self.defaults
+        return ResolvedEntry(
+            dtypes=frozenset(DTYPES[n] for n in (entry.dtypes or d.dtypes)),
+            devices=frozenset(entry.devices or d.devices),
+            dynamic=d.dynamic if entry.dynamic is None else entry.dynamic,
+            max_rank=entry.max_rank,
+            verified=entry.verified or d.verified,
+        )
+
+
+class ResolvedEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    dtypes: frozenset
+    devices: frozenset
+    dynamic: bool
+    max_rank: Optional[int]
+    verified: str
+
+
+def _validate(located: Located, backend: Optional[str]) -> Manifest:
+    try:
+        manifest = Manifest.model_validate(located.data)
+    except ValidationError as exc:
+        raise validation_error(located, exc, Manifest, ManifestError) from None
+    if backend is not None and manifest.backend != backend:
+        raise located.error(("backend",), f"manifest is for backend {manifest.backend!r}, "
+                            f"expected {backend!r}", ManifestError)
+    for name in manifest.ops:
+        if name == "*":
+            continue
+        try:
+            resolve(name)
+        except UnknownOpError as exc:
+            raise located.error(("ops", name), str(exc), ManifestError) from None
+    for i, name in enumerate(manifest.decompositions):
+        try:
+            resolve(name)
+        except UnknownOpError as exc:
+            raise located.error(("decompositions", i), str(exc), ManifestError) from None
+    return manifest
+
+
+def load_manifest(path: str | Path, backend: Optional[str] = None) -> Manifest:
+    """Load and check a manifest file; errors name the file, key and line."""
+    return _validate(load_file(path), backend)
+
+
+def parse_manifest(text: str, file: str = "<manifest>", backend: Optional[str] = None) -> Manifest:
+    return _validate(load_text(text, file), backend)
+
+
+def node_op_name(node: torch.fx.Node) -> str:
+    return op_name(node.target)

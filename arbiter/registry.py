@@ -1,0 +1,204 @@
+"""The backend registry: one dict, one decorator, lazy discovery.
+
+A backend is a class with a name, an ``Options`` model, a manifest, and ``compile``.
+Built-in backends live in ``arbiter.backends`` (the ``backends/`` folder), one module
+each; third-party backends register through the ``arbiter.backends`` entry-point group.
+Neither is imported until a backend is looked up, so ``import arbiter`` stays light and a
+broken optional package cannot break it.
+
+A complete third-party backend::
+
+    # my_pkg/my_backend.py
+    from arbiter import Backend, register_backend
+
+    @register_backend
+    class MyBackend(Backend):
+        name = "mine"
+        install_hint = "pip install my-runtime"
+
+        def available(self):
+            try:
+                import my_runtime  # noqa: F401
+            except ImportError as exc:
+                return False, f"my_runtime is not installed ({exc})"
+            return True, ""
+
+        def compile(self, gm, example_inputs):
+            return my_runtime.compile(gm, example_inputs)   # a callable(*tensors)
+
+    # pyproject.toml
+    [project.entry-points."arbiter.backends"]
+    mine = "my_pkg.my_backend"
+
+and ``my_pkg/capabilities/mine.yaml`` beside it (or override ``manifest_path``).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import inspect
+import logging
+import pkgutil
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from .errors import ArbiterError, UnknownBackendError
+from .manifest import Manifest, load_manifest
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "arbiter.backends"
+
+
+class NoOptions(BaseModel):
+    """A backend that takes no options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: A validator says why a backend refuses a node the manifest admits, or None.
+Validator = Callable[[torch.fx.Node], Optional[str]]
+
+
+class Backend:
+    """Base class of every backend.
+
+    Subclasses set ``name`` and implement ``compile``; most also override
+    ``available`` (optional packages) and ``Options`` (a pydantic model of the options
+    a config may set under ``backends: [{name: ..., options: {...}}]``).
+    """
+
+    name: ClassVar[str] = ""
+    #: pydantic model of the backend's config options; unknown keys are rejected.
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    #: the command that installs what the backend needs, shown when it is unavailable.
+    install_hint: ClassVar[str] = ""
+    #: True for the backend whose partitions are ATen nodes run in place (eager).
+    inline_aten: ClassVar[bool] = False
+    #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
+    validators: ClassVar[dict[str, Validator]] = {}
+
+    def __init__(self, options: Optional[BaseModel] = None):
+        self.options = options if options is not None else self.Options()
+
+    # -- what the backend is ---------------------------------------------------------
+    def available(self) -> tuple[bool, str]:
+        """(True, "") when the backend can run here; else (False, why, with the fix)."""
+        return True, ""
+
+    def version(self) -> str:
+        return torch.__version__
+
+    @classmethod
+    def manifest_path(cls) -> Path:
+        """``capabilities/<name>.yaml``: shipped with arbiter, or beside the module."""
+        shipped = importlib.resources.files("arbiter.capabilities") / f"{cls.name}.yaml"
+        if shipped.is_file():
+            return Path(str(shipped))
+        return Path(inspect.getfile(cls)).parent / "capabilities" / f"{cls.name}.yaml"
+
+    @classmethod
+    def manifest(cls) -> Manifest:
+        cached = cls.__dict__.get("_manifest_cache")
+        if cached is None:
+            cached = load_manifest(cls.manifest_path(), backend=cls.name)
+            cls._manifest_cache = cached
+        return cached
+
+    @classmethod
+    def declared_ops(cls) -> Optional[dict]:
+        """{OpOverload: entry dict} the backend's own software says it handles, for
+        ``arbiter manifest``; None means every op (a wildcard manifest)."""
+        raise NotImplementedError(f"backend {cls.name!r} declares no ops; write "
+                                  f"{cls.manifest_path()} by hand")
+
+    # -- what the backend does -------------------------------------------------------
+    def compile(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        """Turn an ATen FX graph into a callable taking the same positional inputs.
+
+        ``gm`` returns a tuple of tensors; the callable must return a tuple or list of
+        tensors of the same shapes and dtypes. Raise on failure: the caller falls back
+        to the next backend in the chain and records why.
+        """
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Backend]] = {}
+_discovered = False
+_lock = threading.RLock()
+
+
+def register_backend(cls: Optional[type[Backend]] = None, *, name: Optional[str] = None):
+    """Class decorator: ``@register_backend`` or ``@register_backend(name="x")``."""
+
+    def wrap(c: type[Backend]) -> type[Backend]:
+        if not (isinstance(c, type) and issubclass(c, Backend)):
+            raise TypeError(f"@register_backend expects a Backend subclass, got {c!r}")
+        if name is not None:
+            c.name = name
+        if not c.name:
+            raise ArbiterError(f"backend class {c.__qualname__} has no `name`")
+        with _lock:
+            old = _REGISTRY.get(c.name)
+            if old is not None and old is not c and old.__qualname__ != c.__qualname__:
+                raise ArbiterError(f"backend {c.name!r} is registered twice: by "
+                                   f"{old.__module__}.{old.__qualname__} and "
+                                   f"{c.__module__}.{c.__qualname__}")
+            _REGISTRY[c.name] = c
+        return c
+
+    return wrap(cls) if cls is not None else wrap
+
+
+def _discover() -> None:
+    """Import the built-in backend modules and the entry-point group, once."""
+    global _discovered
+    with _lock:
+        if _discovered:
+            return
+        _discovered = True
+        import arbiter.backends as builtin
+
+        for info in sorted(pkgutil.iter_modules(builtin.__path__), key=lambda i: i.name):
+            if info.name.startswith("_"):
+                continue
+            # Built-in backend modules import only torch at module level; their heavy
+            # packages are imported inside methods, so this cannot fail on a missing one.
+            importlib.import_module(f"{builtin.__name__}.{info.name}")
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = ep.load()
+            except Exception as exc:  # a broken plugin must not break arbiter
+                log.warning("cannot load backend plugin %r (%s): %s", ep.name, ep.value, exc)
+                continue
+            if isinstance(loaded, type) and issubclass(loaded, Backend):
+                register_backend(loaded)
+
+
+def backend_names() -> list[str]:
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def get_backend_class(name: str) -> type[Backend]:
+    _discover()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownBackendError(name, _REGISTRY) from None
+
+
+def aten_fallback() -> type[Backend]:
+    """The backend that runs ATen in place: the end of every fallback chain."""
+    _discover()
+    for cls in _REGISTRY.values():
+        if cls.inline_aten:
+            return cls
+    raise ArbiterError("no backend with inline_aten=True is registered")

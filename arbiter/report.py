@@ -1,0 +1,111 @@
+"""The capability report: what ran where, what fell back, and why.
+
+The report is a pydantic model (``Report``); renderers read only the model. It is built
+from the live records of the compiled pieces, so after a runtime fallback the next
+report shows the demoted backend: the report says what actually ran, not what was
+planned (both are kept: ``planned_backend`` and ``backend``).
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+
+class FallbackReport(BaseModel):
+    from_backend: str
+    to_backend: str
+    stage: str = Field(description="`compile` or `run`")
+    reason: str
+
+
+class PartitionReport(BaseModel):
+    id: int
+    planned_backend: str = Field(description="the backend the policy chose")
+    backend: str = Field(description="the backend that runs it now; `(not compiled yet)` "
+                                     "before the first call, or in a dry run")
+    nodes: int = Field(description="compute nodes (getitem not counted)")
+    ops: dict[str, int] = Field(description="op -> number of nodes")
+    node_names: list[str]
+    chain: list[str] = Field(description="backends tried in order if one fails")
+    fallbacks: list[FallbackReport] = Field(default_factory=list)
+    compile_s: float = 0.0
+
+
+class RefusalReport(BaseModel):
+    op: str
+    backend: str
+    reason: str
+    nodes: int
+
+
+class GraphReport(BaseModel):
+    graph_id: int
+    kind: str = Field(description="inference, forward or backward")
+    nodes: int
+    partitions: list[PartitionReport]
+    refusals: list[RefusalReport] = Field(default_factory=list,
+                                          description="why backends refused ops, per op")
+    constants: int = Field(0, description="weights handed to backends as constants")
+    plan_s: float = 0.0
+
+    def backends_used(self) -> list[str]:
+        return sorted({p.backend for p in self.partitions})
+
+
+class BackendStatus(BaseModel):
+    name: str
+    available: bool
+    reason: str = ""
+    version: Optional[str] = None
+
+
+class Report(BaseModel):
+    config: Optional[str] = Field(None, description="where the config came from")
+    created: str = Field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
+    dry_run: bool = False
+    backends: list[BackendStatus] = Field(default_factory=list)
+    graphs: list[GraphReport] = Field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = [p for g in self.graphs for p in g.partitions]
+        by: dict[str, int] = {}
+        for p in parts:
+            by[p.backend] = by.get(p.backend, 0) + p.nodes
+        total = sum(by.values()) or 1
+        share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
+        falls = sum(len(p.fallbacks) for p in parts)
+        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); nodes by backend: "
+                f"{share or '-'}; fallbacks: {falls}")
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+
+def render_text(report: Report) -> str:
+    lines = [("[dry run] " if report.dry_run else "") + report.summary()]
+    if report.config:
+        lines.append(f"config: {report.config}")
+    down = [b for b in report.backends if not b.available]
+    for b in down:
+        lines.append(f"backend {b.name} unavailable: {b.reason}")
+    for g in report.graphs:
+        lines.append("")
+        lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
+                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
+                     f"planned in {g.plan_s * 1e3:.1f} ms")
+        for p in g.partitions:
+            ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
+                            for k, v in sorted(p.ops.items()))
+            moved = f" (planned {p.planned_backend})" if p.backend != p.planned_backend else ""
+            ctime = f", compiled in {p.compile_s:.2f} s" if p.compile_s else ""
+            lines.append(f"  #{p.id:<3} {p.backend:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
+            for f in p.fallbacks:
+                lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "
+                             f"{f.to_backend}: {f.reason}")
+        if g.refusals:
+            lines.append("  refused:")
+            for r in g.refusals:
+                lines.append(f"    {r.op} x{r.nodes} by {r.backend}: {r.reason}")
+    return "\n".join(lines)

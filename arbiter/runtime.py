@@ -1,0 +1,120 @@
+"""Running a partition: compile on first call, fall back down the chain on failure.
+
+A ``Piece`` is what the stitched graph calls for one partition. It compiles lazily, on
+its first call, with the real input tensors (so backends see real shapes and the inputs
+need not be invented from metadata). If the chosen backend fails to compile, the next
+backend of the partition's chain is tried, down to eager ATen. If a compiled piece raises
+at run time, the same happens and the call is retried: the graphs are functional (AOT
+functionalizes them), so a failed call changed nothing and a retry is safe. Later calls
+use the demoted path. Every step is logged and kept in the piece's ``record``, which the
+report reads: the report shows what actually ran, never what was planned.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from .registry import Backend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Fallback:
+    """One step down a chain: from which backend to which, at which stage, and why."""
+
+    from_backend: str
+    to_backend: str
+    stage: str  # "compile" or "run"
+    reason: str
+
+
+@dataclass
+class PieceRecord:
+    """What happened to one partition. Mutable: runtime fallbacks update it."""
+
+    partition_id: int
+    planned: str
+    chain: list[str]
+    backend: str = ""  # what runs now ("" until compiled)
+    compile_s: float = 0.0
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+
+def _reason(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    loc = f" [at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}]" if where else ""
+    return f"{type(exc).__name__}: {first[:300]}{loc}"
+
+
+class Piece:
+    """Callable for one partition; see the module docstring."""
+
+    def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
+                 backends: Sequence[Backend], graph_label: str):
+        self.record = record
+        self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
+        self._backends = list(backends)  # the chain, the last being eager
+        self._level = -1
+        self._lock = threading.Lock()
+        self._fn: Callable = self._first_call
+        self.__name__ = f"partition_{record.partition_id}_{record.planned}"
+        self.__qualname__ = self.__name__
+        self.__module__ = __name__
+        self._label = graph_label
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self._fn(*args)
+        except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+            return self._demote(exc, args)
+
+    # -- compile and demote --------------------------------------------------------
+    def _first_call(self, *args: Any) -> Any:
+        with self._lock:
+            if self._level < 0:
+                self._advance(args, None)
+        return self._fn(*args)
+
+    def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
+        """Compile the next backend of the chain that compiles; must hold the lock."""
+        start = time.perf_counter()
+        while True:
+            self._level += 1
+            backend = self._backends[self._level]
+            if failure is not None:
+                frm, stage_reason = failure
+                self._note(frm, backend.name, *stage_reason)
+            if backend.inline_aten:
+                self._fn = self.gm
+                break
+            try:
+                self._fn = backend.compile(self.gm, list(args))
+                break
+            except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
+                failure = (backend.name, ("compile", _reason(exc)))
+                log.debug("compile failure detail", exc_info=True)
+        self.record.backend = backend.name
+        self.record.compile_s += time.perf_counter() - start
+
+    def _demote(self, exc: Exception, args: Sequence[Any]) -> Any:
+        with self._lock:
+            if self._backends[self._level].inline_aten:
+                raise exc  # eager ATen itself failed: the model would fail without us too
+            failed = self._backends[self._level].name
+            self._advance(args, (failed, ("run", _reason(exc))))
+        return self(*args)
+
+    def _note(self, frm: str, to: str, stage: str, reason: str) -> None:
+        self.record.fallbacks.append(Fallback(frm, to, stage, reason))
+        log.warning("%s partition %d: %s failed to %s (%s); falling back to %s",
+                    self._label, self.record.partition_id, frm, stage, reason, to)

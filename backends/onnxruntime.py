@@ -1,0 +1,202 @@
+"""ONNX Runtime (CPU execution provider by default).
+
+A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
+dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
+here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
+folds and prepacks.
+
+Tensors cross without copies: inputs are bound by pointer with IOBinding (made
+contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
+results), and outputs are written by ONNX Runtime straight into tensors that torch
+allocated, which are then handed on as they are.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import threading
+import warnings
+from typing import Any, Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from arbiter.registry import Backend, register_backend
+
+log = logging.getLogger(__name__)
+
+_NP_NAMES = {
+    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
+    torch.uint8: "uint8", torch.bool: "bool",
+}
+
+
+class OrtOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
+        "all", description="ONNX Runtime graph optimizations")
+    intra_op_num_threads: Optional[int] = Field(
+        None, ge=0, description="threads per session; None: ONNX Runtime's default")
+    providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"],
+                                 description="execution providers, in order")
+    optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
+
+
+@register_backend
+class OnnxRuntime(Backend):
+    name = "onnxruntime"
+    Options = OrtOptions
+    install_hint = "pip install 'torch-arbiter[onnxruntime]'"
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import onnx  # noqa: F401
+            import onnxruntime
+            import onnxscript  # noqa: F401
+        except ImportError as exc:
+            return False, f"{exc.name or exc} is not installed"
+        missing = [p for p in self.options.providers
+                   if p not in onnxruntime.get_available_providers()]
+        if missing:
+            return False, (f"execution provider(s) {', '.join(missing)} not in this "
+                           f"onnxruntime build (has {', '.join(onnxruntime.get_available_providers())})")
+        return True, ""
+
+    def version(self) -> str:
+        import onnxruntime
+        import onnxscript
+
+        return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        import onnxruntime as ort
+
+        for a in example_inputs:
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"non-tensor partition input {type(a).__name__} "
+                                "(symbolic sizes are not supported by this backend)")
+        args = tuple(a.detach().contiguous() for a in example_inputs)
+        model = export_onnx(gm, args, optimize=self.options.optimize_export)
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.options.graph_optimization_level]
+        if self.options.intra_op_num_threads is not None:
+            so.intra_op_num_threads = self.options.intra_op_num_threads
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=list(self.options.providers))
+        out_vals = _output_vals(gm)
+        return OrtRunner(sess, [i.name for i in sess.get_inputs()],
+                         [o.name for o in sess.get_outputs()], args, out_vals)
+
+    @classmethod
+    def declared_ops(cls):
+        """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib)."""
+        from torch.onnx._internal.exporter import _registration
+
+        with _quiet():
+            registry = _registration.ONNXRegistry.from_torchlib()
+        out = {}
+        for key in registry.functions:
+            if not isinstance(key, str) or not key.startswith("aten::"):
+                continue
+            base, _, overload = key[len("aten::"):].partition(".")
+            packet = getattr(torch.ops.aten, base, None)
+            if packet is None:
+                continue
+            try:
+                op = getattr(packet, overload or "default")
+            except AttributeError:
+                continue
+            out[op] = {}
+        return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporter logs and prints progress and warnings; keep them out of the user's way."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "torch.export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lvl in zip(loggers, levels):
+            lg.setLevel(lvl)
+
+
+def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True):
+    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter."""
+    with _quiet():
+        program = torch.onnx.export(gm, args, dynamo=True, optimize=optimize, verbose=False,
+                                    report=False)
+    return program.model_proto
+
+
+def _output_vals(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    vals = out.meta.get("val")
+    if vals is None:
+        vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                     for a in out.args[0])
+    return list(vals)
+
+
+class OrtRunner:
+    """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors."""
+
+    def __init__(self, sess, in_names: list[str], out_names: list[str], example_args: tuple,
+                 out_vals: list):
+        import numpy as np
+
+        if len(in_names) != len(example_args):
+            raise RuntimeError(f"exported model has {len(in_names)} inputs, partition has "
+                               f"{len(example_args)}")
+        if len(out_names) != len(out_vals):
+            raise RuntimeError(f"exported model has {len(out_names)} outputs, partition has "
+                               f"{len(out_vals)}")
+        self.sess = sess
+        self.in_names = in_names
+        self.in_types = [np.dtype(_NP_NAMES[a.dtype]) for a in example_args]
+        specs = []
+        for name, v in zip(out_names, out_vals):
+            if not isinstance(v, torch.Tensor) or v.dtype not in _NP_NAMES:
+                raise TypeError(f"output {name}: unsupported value {type(v).__name__}")
+            if any(not isinstance(s, int) for s in v.shape):
+                raise TypeError(f"output {name}: symbolic shape {tuple(v.shape)}")
+            specs.append((name, tuple(int(s) for s in v.shape), v.dtype,
+                          np.dtype(_NP_NAMES[v.dtype])))
+        self.out_specs = specs
+        self._local = threading.local()
+
+    def _binding(self):
+        b = getattr(self._local, "binding", None)
+        if b is None:
+            b = self._local.binding = self.sess.io_binding()
+        return b
+
+    def __call__(self, *args: torch.Tensor):
+        b = self._binding()
+        keep = []
+        for name, t, np_type in zip(self.in_names, args, self.in_types):
+            if not t.is_contiguous():
+                t = t.contiguous()
+                keep.append(t)
+            b.bind_input(name, "cpu", 0, np_type, t.shape, t.data_ptr())
+        outs = []
+        for name, shape, dtype, np_type in self.out_specs:
+            o = torch.empty(shape, dtype=dtype)
+            b.bind_output(name, "cpu", 0, np_type, shape, o.data_ptr())
+            outs.append(o)
+        self.sess.run_with_iobinding(b)
+        return outs

@@ -1,0 +1,1 @@
+"""Capability manifests (one YAML per backend), shipped as package data."""

@@ -1,0 +1,1 @@
+"""Configs shipped with torch-arbiter (``default.yaml`` is the embedded default)."""
