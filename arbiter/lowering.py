@@ -73,9 +73,17 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
 
     def compiler(kind: str):
         def compile_one(fx_g: torch.fx.GraphModule, _fake_inputs: Sequence[Any]):
-            constants = frozen_inputs(fx_g, real_inputs) if kind == "inference" and freeze_weights else {}
-            return make_boxed_func(compile_graph(fx_g, kind, constants))
+            # AOT calls us under its fake and functional modes; we handle real weights.
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return _compile_one(kind, fx_g)
         return compile_one
+
+    def _compile_one(kind: str, fx_g: torch.fx.GraphModule):
+        freeze = kind == "inference" and freeze_weights
+        constants = frozen_inputs(fx_g, real_inputs) if freeze else {}
+        return make_boxed_func(compile_graph(fx_g, kind, constants))
 
     return aot_module_simplified(
         gm, example_inputs,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .registry import Backend
 
@@ -98,7 +99,10 @@ class Piece:
                 self._fn = self.gm
                 break
             try:
-                self._fn = backend.compile(self.gm, list(args))
+                # Backends trace (export, Dynamo) and must not see the dispatch modes
+                # that AOTAutograd's runtime wrappers may have active around this call.
+                with _disable_current_modes():
+                    self._fn = backend.compile(self.gm, list(args))
                 break
             except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
                 failure = (backend.name, ("compile", _reason(exc)))

@@ -49,10 +49,10 @@ class Inductor(Backend):
         out = {}
         for table, note in ((lowerings, None), (select_decomp_table(), "decomposed by Inductor")):
             for op in table:
-                if isinstance(op, torch._ops.OpOverload) and op.namespace in ("aten", "prims"):
+                if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
                     out.setdefault(op, {"note": note} if note else {})
         for op in fallbacks:
-            if isinstance(op, torch._ops.OpOverload) and op.namespace in ("aten", "prims"):
+            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
                 out[op] = {"note": "runs as an ATen fallback kernel inside Inductor's code"}
         return out
 

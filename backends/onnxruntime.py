@@ -122,7 +122,7 @@ class OnnxRuntime(Backend):
 @contextlib.contextmanager
 def _quiet():
     """The exporter logs and prints progress and warnings; keep them out of the user's way."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "torch.export")]
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
