@@ -24,6 +24,12 @@ from .registry import Backend
 #: How a node that is not an ATen op is handled. They run in place, with eager.
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
+MUTATES = "mutates its input in place (runs in place, in graph order)"
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,9 @@ class CapabilityTable:
         if not isinstance(target, torch._ops.OpOverload):
             key = ("notaten", target)
             reason = NOT_ATEN
+        elif is_mutating(node):
+            key = ("mutates", target)
+            reason = MUTATES
         elif not produces_tensor(node):
             key = ("scalar", target)
             reason = SCALAR

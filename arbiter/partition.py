@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from .capability import CapabilityTable, NodeSupport, is_getitem
+from .capability import CapabilityTable, NodeSupport, is_getitem, is_mutating
 
 
 @dataclass
@@ -89,6 +89,8 @@ def partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
                 users[j].append(i)
                 indeg[i] += 1
 
+    _order_mutations(nodes, index, users, indeg)
+
     fallback = table.fallback_name
     while True:
         choice = [""] * count
@@ -117,6 +119,28 @@ def partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
             s = support[producer[i]] if producer[i] >= 0 else NodeSupport((fallback,))
         sup[n] = s
     return Plan(gm, partitions, sup, fallback)
+
+
+def _order_mutations(nodes, index, users, indeg) -> None:
+    """Keep in-place ops (``copy_`` into a buffer, say) in graph order w.r.t. every other
+    reader of what they mutate: readers before stay before, readers after stay after."""
+    for m, node in enumerate(nodes):
+        if not is_mutating(node):
+            continue
+        schema = node.target._schema
+        written = set()
+        for arg, value in zip(schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+                written.add(value)
+        for target in written:
+            for user in target.users:
+                u = index.get(user)
+                if u is None or u == m:
+                    continue
+                a, b = (u, m) if u < m else (m, u)
+                if b not in users[a]:
+                    users[a].append(b)
+                    indeg[b] += 1
 
 
 def _schedule(choice: Sequence[str], users: Sequence[list[int]],

@@ -1,8 +1,10 @@
 """TorchInductor: PyTorch's own compiler (C++/OpenMP on CPU, Triton on GPU).
 
-A partition is compiled with ``torch.compile(partition, backend="inductor")``: Dynamo
-retraces the small ATen graph (cheap) and gives Inductor what it expects, with guards, so
-a partition whose shapes change is recompiled rather than run with stale kernels.
+A partition is handed to ``torch._inductor.compile_fx.compile_fx`` with the partition's
+real first-call inputs, as Inductor's own torch.compile path does after Dynamo. Wrapping
+the ATen partition in ``torch.compile`` instead was tried: Dynamo declined some partition
+GraphModules ("found no compiled frames"), so the direct entry is used. The result is
+specialized to those shapes: the manifest says ``dynamic: false``.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ class Inductor(Backend):
     Options = InductorOptions
 
     def compile(self, gm, example_inputs):
-        dynamic = _has_symbolic_placeholders(gm)
-        opts = self.options
-        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": dynamic}
-        if opts.mode:
-            kwargs["mode"] = opts.mode
-        if opts.options:
-            kwargs["options"] = dict(opts.options)
-        fn = torch.compile(gm, backend="inductor", **kwargs)
-        fn(*example_inputs)  # compile now, so a failure is a compile failure, not a run one
+        from torch._inductor import config as inductor_config
+        from torch._inductor.compile_fx import compile_fx
+
+        if _has_symbolic_placeholders(gm):
+            raise TypeError("symbolic shapes: this backend compiles for static shapes only")
+        patches = dict(self.options.options)
+        if self.options.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+            patches.setdefault("max_autotune", True)
+        with inductor_config.patch(patches):
+            fn = compile_fx(gm, list(example_inputs))
         return fn
 
     @classmethod
