@@ -25,6 +25,13 @@ from .registry import Backend
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
+RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and \
+        torch.Tag.nondeterministic_seeded in target.tags
 
 
 def is_mutating(node: torch.fx.Node) -> bool:
@@ -109,6 +116,9 @@ class CapabilityTable:
         elif is_mutating(node):
             key = ("mutates", target)
             reason = MUTATES
+        elif is_random(node):
+            key = ("random", target)
+            reason = RANDOM
         elif not produces_tensor(node):
             key = ("scalar", target)
             reason = SCALAR

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch.fx
 
-from .capability import CapabilityTable, NodeSupport, is_getitem, is_mutating
+from .capability import CapabilityTable, NodeSupport, is_getitem, is_mutating, is_random
 
 
 @dataclass
@@ -76,6 +76,7 @@ def partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
     support = [table.support(n) if not is_getitem(n) else None for n in nodes]
     allowed = [list(s.candidates) if s is not None else None for s in support]
     producer = [index.get(n.args[0], -1) if is_getitem(n) else -1 for n in nodes]
+    getitems = {i for i, n in enumerate(nodes) if is_getitem(n)}
 
     # Edges among partitionable nodes (placeholders and constants are free to use).
     users: list[list[int]] = [[] for _ in range(count)]
@@ -99,7 +100,7 @@ def partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
             choice[i] = a[0] if a is not None else (choice[producer[i]] if producer[i] >= 0
                                                      else fallback)
         runs = _schedule(choice, users, indeg)
-        runs = _sink(runs, choice, users)
+        runs = _sink(runs, choice, users, getitems)
         small = [r for r in runs if r[0] != fallback
                  and sum(1 for i in r[1] if allowed[i] is not None) < min_block_size]
         if not small:
@@ -123,8 +124,15 @@ def partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
 
 def _order_mutations(nodes, index, users, indeg) -> None:
     """Keep in-place ops (``copy_`` into a buffer, say) in graph order w.r.t. every other
-    reader of what they mutate: readers before stay before, readers after stay after."""
+    reader of what they mutate: readers before stay before, readers after stay after.
+    Random ops keep their order among themselves, so the RNG stream is eager's."""
+    last_random = -1
     for m, node in enumerate(nodes):
+        if is_random(node):
+            if last_random >= 0 and m not in users[last_random]:
+                users[last_random].append(m)
+                indeg[m] += 1
+            last_random = m
         if not is_mutating(node):
             continue
         schema = node.target._schema
@@ -176,7 +184,7 @@ def _schedule(choice: Sequence[str], users: Sequence[list[int]],
 
 
 def _sink(runs: list[tuple[str, list[int]]], choice: Sequence[str],
-          users: Sequence[list[int]]) -> list[tuple[str, list[int]]]:
+          users: Sequence[list[int]], getitems: set) -> list[tuple[str, list[int]]]:
     """Move nodes into the first later same-backend run that uses them."""
     if len(runs) < 3:
         return runs
@@ -190,7 +198,8 @@ def _sink(runs: list[tuple[str, list[int]]], choice: Sequence[str],
         keep = []
         for i in reversed(members):
             us = users[i]
-            if us:
+            # A multi-output node and its getitems move together or not at all.
+            if us and not any(u in getitems for u in us) and i not in getitems:
                 first = min(run_of[u] for u in us)
                 if first > r and runs[first][0] == backend:
                     moved.setdefault(first, []).append(i)
