@@ -6,14 +6,16 @@ writes, from the FakeTensors in ``node.meta["val"]``), then the backend's valida
 that op if it has one. Every refusal keeps its reason for the report.
 
 Results are cached per node *signature* (op + tensor descriptors), which keeps the check
-linear and cheap on graphs of 100,000 nodes.
+linear and cheap on graphs of 100,000 nodes. When a whole graph is checked
+(``support_all``), each node's output descriptors are computed once and reused by every
+node that reads it; what an op is (ATen, in place, random) is looked up once per op.
 """
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.fx
@@ -26,6 +28,7 @@ NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+_COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 
 
 def is_random(node: torch.fx.Node) -> bool:
@@ -39,20 +42,29 @@ def is_mutating(node: torch.fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
-@dataclass(frozen=True)
-class TensorDesc:
+class TensorDesc(NamedTuple):
+    """What the manifests constrain about one tensor. (A NamedTuple: hashed and compared
+    in C, as it is part of every cache key.)"""
+
     dtype: torch.dtype
     device: str
     rank: int
     symbolic: bool
 
 
+_new_tuple = tuple.__new__  # TensorDesc(...) without NamedTuple's Python-level __new__
+
+
 def _desc(t: Any) -> Optional[TensorDesc]:
     if not isinstance(t, torch.Tensor):
         return None
     shape = t.shape
-    symbolic = any(not isinstance(s, int) for s in shape)
-    return TensorDesc(t.dtype, t.device.type, len(shape), symbolic)
+    symbolic = False
+    for s in shape:
+        if not isinstance(s, int):
+            symbolic = True
+            break
+    return _new_tuple(TensorDesc, (t.dtype, t.device.type, len(shape), symbolic))
 
 
 def _flat(value: Any, out: list) -> None:
@@ -63,19 +75,34 @@ def _flat(value: Any, out: list) -> None:
         out.append(value)
 
 
-def tensor_descs(node: torch.fx.Node) -> tuple:
-    """Descriptors of every tensor the node reads or writes, from FakeTensor metadata."""
+def value_descs(value: Any) -> tuple:
+    """Descriptors of the tensors in one ``meta["val"]`` (a tensor, or nested lists of)."""
+    if isinstance(value, torch.Tensor):
+        return (_desc(value),)
     found: list = []
-    vals: list = []
-    for a in node.args:
-        _flat(a, vals)
-    for a in node.kwargs.values():
-        _flat(a, vals)
-    for v in vals:
-        if isinstance(v, torch.fx.Node):
-            _flat(v.meta.get("val"), found)
-    _flat(node.meta.get("val"), found)
+    _flat(value, found)
     return tuple(d for d in map(_desc, found) if d is not None)
+
+
+def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
+    """Descriptors of every tensor the node reads or writes, from FakeTensor metadata:
+    each distinct input node's value, in argument order, then the node's own value.
+
+    ``memo`` (node -> ``value_descs`` of its value) lets a caller checking many nodes
+    compute each node's descriptors once.
+    """
+    if memo is None:
+        memo = {}
+    out: tuple = ()
+    for inp in node.all_input_nodes:
+        d = memo.get(inp)
+        if d is None:
+            d = memo[inp] = value_descs(inp.meta.get("val"))
+        out += d
+    d = memo.get(node)
+    if d is None:
+        d = memo[node] = value_descs(node.meta.get("val"))
+    return out + d
 
 
 def produces_tensor(node: torch.fx.Node) -> bool:
@@ -107,45 +134,88 @@ class CapabilityTable:
         self.pin = dict(pin or {})
         self.unavailable = dict(unavailable or {})
         self._cache: dict[Any, NodeSupport] = {}
+        self._kinds: dict[Any, Any] = {}  # target -> what `_kind` says
+        self._validated: dict[str, bool] = {}  # op name -> has a validator somewhere
 
-    def support(self, node: torch.fx.Node) -> NodeSupport:
+    def support(self, node: torch.fx.Node, memo: Optional[dict] = None) -> NodeSupport:
+        """The backends able to run ``node``, best first. ``memo``: see ``tensor_descs``."""
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload):
-            key = ("notaten", target)
-            reason = NOT_ATEN
-        elif is_mutating(node):
-            key = ("mutates", target)
-            reason = MUTATES
-        elif is_random(node):
-            key = ("random", target)
-            reason = RANDOM
-        elif not produces_tensor(node):
-            key = ("scalar", target)
-            reason = SCALAR
-        else:
-            key = None
-            reason = ""
-        if key is not None:
-            hit = self._cache.get(key)
-            if hit is None:
-                hit = NodeSupport((self.fallback_name,),
-                                  {b.name: reason for b in self.backends[:-1]})
-                self._cache[key] = hit
-            return hit
-        descs = tensor_descs(node)
-        key = (target, descs)
+        kind = self._kinds.get(target)
+        if kind is None:
+            kind = self._kinds[target] = self._kind(node)
+        if kind is _COMPUTE:
+            if produces_tensor(node):
+                descs = tensor_descs(node, memo)
+                key = (target, descs)
+                hit = self._cache.get(key)
+                if hit is None:
+                    hit = self._evaluate(node, op_name(target), descs)
+                    # Validators look at the node itself (argument values), so only cache
+                    # the answer when no backend has a validator for this op.
+                    if not self._has_validator(op_name(target)):
+                        self._cache[key] = hit
+                return hit
+            kind = (("scalar", target), SCALAR)
+        key, reason = kind
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._evaluate(node, op_name(target), descs)
-            # Validators look at the node itself (argument values), so only cache the
-            # answer when no backend has a validator for this op.
-            if not self._has_validator(op_name(target)):
-                self._cache[key] = hit
+            hit = NodeSupport((self.fallback_name,),
+                              {b.name: reason for b in self.backends[:-1]})
+            self._cache[key] = hit
         return hit
 
+    def support_all(self, nodes: Sequence[torch.fx.Node]) -> list[NodeSupport]:
+        """``support`` of each node, sharing descriptor work between them.
+
+        The common case (an ATen op producing one tensor, whose signature was seen
+        before) is answered inline; everything else goes through ``support``.
+        """
+        memo: dict = {}
+        out: list[NodeSupport] = []
+        append = out.append
+        support = self.support
+        kinds = self._kinds
+        cache = self._cache
+        tensor = torch.Tensor
+        for node in nodes:
+            target = node.target
+            if kinds.get(target) is _COMPUTE and isinstance(node.meta.get("val"), tensor):
+                descs: tuple = ()
+                for inp in node.all_input_nodes:
+                    d = memo.get(inp)
+                    if d is None:
+                        d = memo[inp] = value_descs(inp.meta.get("val"))
+                    descs += d
+                d = memo.get(node)
+                if d is None:
+                    d = memo[node] = value_descs(node.meta.get("val"))
+                hit = cache.get((target, descs + d))
+                if hit is not None:
+                    append(hit)
+                    continue
+            append(support(node, memo))
+        return out
+
+    @staticmethod
+    def _kind(node: torch.fx.Node) -> Any:
+        """What the op of ``node`` is: ``_COMPUTE``, or (cache key, reason) for an op that
+        runs in place with the fallback whatever its arguments."""
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload):
+            return ("notaten", target), NOT_ATEN
+        if is_mutating(node):
+            return ("mutates", target), MUTATES
+        if is_random(node):
+            return ("random", target), RANDOM
+        return _COMPUTE
+
     def _has_validator(self, name: str) -> bool:
-        pk = packet_name(name)
-        return any(name in b.validators or pk in b.validators for b in self.backends)
+        hit = self._validated.get(name)
+        if hit is None:
+            pk = packet_name(name)
+            hit = self._validated[name] = any(name in b.validators or pk in b.validators
+                                              for b in self.backends)
+        return hit
 
     def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple) -> NodeSupport:
         candidates: list[str] = []
