@@ -1,0 +1,149 @@
+"""Shared helpers for the torch-arbiter test suite.
+
+* ``registry`` snapshots and restores ``arbiter.registry._REGISTRY`` around a test, so
+  backends registered by a test never leak into another.
+* ``make_backend`` builds a Backend subclass with its own manifest in ``tmp_path``.
+* ``trace`` gives an ATen FX graph (``meta["val"]`` on every node) via ``make_fx``.
+"""
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import arbiter
+import arbiter.registry as registry_mod
+from arbiter.capability import is_getitem
+
+#: A config using two real backends and small partitions, for tiny graphs.
+TWO = {"backends": ["onnxruntime", "inductor"], "min_block_size": 1}
+
+
+def trace(fn: Callable, *args: Any) -> torch.fx.GraphModule:
+    """An ATen FX graph of ``fn`` whose nodes carry FakeTensor ``meta["val"]``."""
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+
+
+def check_plan_invariants(plan, gm: torch.fx.GraphModule) -> None:
+    """What every plan must satisfy, whatever the config.
+
+    * every compute node is in exactly one partition;
+    * the partitions, in order, are a topological order of the graph (so the partition
+      graph is acyclic: each input of a node comes from an earlier partition or earlier
+      in the same one);
+    * a getitem is in the partition of the tuple it reads;
+    * every node's backend is one its support said could run it.
+    """
+    flat = [n for p in plan.partitions for n in p.nodes]
+    expected = compute_nodes(gm)
+    assert sorted(n.name for n in flat) == sorted(n.name for n in expected)
+    assert len(flat) == len(set(flat)), "a node is in two partitions"
+    pos = {n: i for i, n in enumerate(flat)}
+    part_of = {n: p.id for p in plan.partitions for n in p.nodes}
+    order = {p.id: k for k, p in enumerate(plan.partitions)}
+    for n in flat:
+        for inp in n.all_input_nodes:
+            if inp in pos:
+                assert pos[inp] < pos[n], f"{n.name} runs before its input {inp.name}"
+                assert order[part_of[inp]] <= order[part_of[n]]
+        if is_getitem(n) and n.args[0] in part_of:
+            assert part_of[n] == part_of[n.args[0]], f"{n.name} left its producer"
+    for p in plan.partitions:
+        for n in p.nodes:
+            if not is_getitem(n):
+                assert p.backend in plan.support[n].candidates, (n.name, p.backend)
+
+
+def run_in_plan_order(plan, gm: torch.fx.GraphModule, *args: Any) -> Any:
+    """Execute the graph's nodes in the plan's partition order (what the stitched graph
+    does); the result must equal ``gm(*args)`` when the order is valid."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    env = dict(zip(placeholders, args))
+    for p in plan.partitions:
+        for n in p.nodes:
+            a = torch.fx.node.map_arg(n.args, lambda v: env[v])
+            k = torch.fx.node.map_arg(n.kwargs, lambda v: env[v])
+            env[n] = n.target(*a, **k)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return torch.fx.node.map_arg(out.args[0], lambda v: env[v])
+
+
+def write_manifest(directory: Path, name: str, ops: list[str], *,
+                   dynamic: bool = False, extra: str = "") -> Path:
+    path = directory / f"{name}.yaml"
+    body = "\n".join(f"  {op}: {{}}" for op in ops)
+    path.write_text(textwrap.dedent(f"""\
+        backend: {name}
+        format: 1
+        source: written by a test
+        defaults:
+          dtypes: [float32, int64, bool]
+          devices: [cpu]
+          dynamic: {str(dynamic).lower()}
+        """) + extra + "ops:\n" + (body or "  {}") + "\n")
+    return path
+
+
+@pytest.fixture
+def registry():
+    """Snapshot ``arbiter.registry._REGISTRY`` and restore it after the test."""
+    arbiter.backend_names()  # discover the built-ins before the snapshot
+    saved = dict(registry_mod._REGISTRY)
+    try:
+        yield registry_mod._REGISTRY
+    finally:
+        registry_mod._REGISTRY.clear()
+        registry_mod._REGISTRY.update(saved)
+
+
+@pytest.fixture
+def make_backend(registry, tmp_path):
+    """make_backend(name, ops, compile=..., available=..., register=True) -> class.
+
+    ``compile`` is ``fn(self, gm, example_inputs) -> callable``; the default returns
+    the graph module itself (a compiling backend that runs ATen, not inline).
+    """
+
+    def make(name: str, ops: list[str], *, compile: Optional[Callable] = None,
+             available: Optional[tuple[bool, str]] = None, register: bool = True,
+             dynamic: bool = False) -> type[arbiter.Backend]:
+        path = write_manifest(tmp_path, name, ops, dynamic=dynamic)
+        compiled: list = []
+
+        def _compile(self, gm, example_inputs):
+            compiled.append(gm)
+            if compile is not None:
+                return compile(self, gm, example_inputs)
+            return gm
+
+        attrs = {
+            "name": name,
+            "manifest_path": classmethod(lambda cls: path),
+            "compile": _compile,
+            "compiled": compiled,  # every graph handed to compile, in order
+        }
+        if available is not None:
+            attrs["available"] = lambda self: available
+        cls = type(f"TestBackend_{name}", (arbiter.Backend,), attrs)
+        if register:
+            arbiter.register_backend(cls)
+        return cls
+
+    return make
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Reset Dynamo's caches before and after a test that compiles."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
