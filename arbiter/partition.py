@@ -123,8 +123,11 @@ def _partition_graph(gm: torch.fx.GraphModule, table: CapabilityTable,
                                                      else fallback)
         runs = _schedule(choice, users, indeg)
         runs = _sink(runs, choice, users, getitems)
+        # (A run of at least min_block_size nodes with no getitem among them is big
+        # enough without counting.)
         small = [r for r in runs if r[0] != fallback
-                 and sum(1 for i in r[1] if allowed[i] is not None) < min_block_size]
+                 and (len(r[1]) < min_block_size or getitems and
+                      sum(1 for i in r[1] if allowed[i] is not None) < min_block_size)]
         if not small:
             break
         for backend, members in small:
@@ -226,7 +229,8 @@ def _sink(runs: list[tuple[str, list[int]]], choice: Sequence[str],
         for i in reversed(members):
             us = users[i]
             # A multi-output node and its getitems move together or not at all.
-            if us and not any(u in getitems for u in us) and i not in getitems:
+            if us and not (getitems and (i in getitems
+                                         or any(u in getitems for u in us))):
                 first = min(run_of[u] for u in us)
                 if first > r and runs[first][0] == backend:
                     moved.setdefault(first, []).append(i)
