@@ -31,7 +31,7 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ManifestError, UnknownOpError, did_you_mean
+from .errors import ConfigError, ManifestError, UnknownOpError, did_you_mean
 from .ops import op_name, packet_name, resolve
 from .yamlsrc import Located, load_file, load_text, validation_error
 
@@ -180,13 +180,29 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
     return manifest
 
 
+def _as_manifest_error(exc: ConfigError) -> ManifestError:
+    return ManifestError(exc.reason, file=exc.file, key=exc.key, line=exc.line)
+
+
 def load_manifest(path: str | Path, backend: Optional[str] = None) -> Manifest:
     """Load and check a manifest file; errors name the file, key and line."""
-    return _validate(load_file(path), backend)
+    try:
+        located = load_file(path)
+    except ManifestError:
+        raise
+    except ConfigError as exc:
+        raise _as_manifest_error(exc) from None
+    return _validate(located, backend)
 
 
 def parse_manifest(text: str, file: str = "<manifest>", backend: Optional[str] = None) -> Manifest:
-    return _validate(load_text(text, file), backend)
+    try:
+        located = load_text(text, file)
+    except ManifestError:
+        raise
+    except ConfigError as exc:
+        raise _as_manifest_error(exc) from None
+    return _validate(located, backend)
 
 
 def node_op_name(node: torch.fx.Node) -> str:

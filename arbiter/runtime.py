@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .registry import Backend
@@ -46,6 +47,7 @@ class PieceRecord:
     chain: list[str]
     backend: str = ""  # what runs now ("" until compiled)
     compile_s: float = 0.0
+    restride_copies: int = 0
     fallbacks: list[Fallback] = field(default_factory=list)
 
 
@@ -55,6 +57,28 @@ def _reason(exc: BaseException) -> str:
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     loc = f" [at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}]" if where else ""
     return f"{type(exc).__name__}: {first[:300]}{loc}"
+
+
+def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
+    """(index, size, stride) of outputs whose traced strides are not contiguous ones."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    found = []
+    for k, arg in enumerate(out.args[0]):
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
+            continue  # symbolic: nothing static to enforce (and int() would add a guard)
+        size, stride = tuple(val.shape), tuple(val.stride())
+        contiguous = tuple(torch._prims_common.make_contiguous_strides_for(size))
+        if val.numel() > 1 and _strides_matter(size, stride, contiguous):
+            found.append((k, size, stride))
+    return found
+
+
+def _strides_matter(size, stride, contiguous) -> bool:
+    # Dimensions of size 1 may carry any stride without changing the layout.
+    return any(a != b for n, a, b in zip(size, stride, contiguous) if n > 1)
 
 
 class Piece:
@@ -72,12 +96,25 @@ class Piece:
         self.__qualname__ = self.__name__
         self.__module__ = __name__
         self._label = graph_label
+        self._restride = _non_contiguous_outputs(gm)
 
     def __call__(self, *args: Any) -> Any:
         try:
-            return self._fn(*args)
+            out = self._fn(*args)
         except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
             return self._demote(exc, args)
+        if self._restride:
+            out = list(out)
+            for k, size, stride in self._restride:
+                t = out[k]
+                if _strides_matter(size, t.stride(), stride):
+                    # Downstream views were traced against eager's strides (a transposed
+                    # layout, say); a backend that returns another layout gets one copy.
+                    fixed = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+                    fixed.copy_(t)
+                    out[k] = fixed
+                    self.record.restride_copies += 1
+        return out
 
     # -- compile and demote --------------------------------------------------------
     def _first_call(self, *args: Any) -> Any:

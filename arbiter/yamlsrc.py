@@ -148,4 +148,5 @@ def fields_at(model, path: Sequence[Any]) -> list[str]:
             continue
         if current is None:
             return []
-    return list(getattr(current, "model_fields", {}) or [])
+    return [name for name, f in (getattr(current, "model_fields", {}) or {}).items()
+            if not f.exclude]
