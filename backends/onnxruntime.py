@@ -98,7 +98,9 @@ class OnnxRuntime(Backend):
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"non-tensor partition input {type(a).__name__} "
                                 "(symbolic sizes are not supported by this backend)")
-        args = tuple(a.detach().contiguous() for a in example_inputs)
+        # Export with the inputs' real strides (a `view` in the graph may rely on them);
+        # ONNX has no strides, and at run time inputs are bound contiguous.
+        args = tuple(a.detach() for a in example_inputs)
         model = export_onnx(gm, args, optimize=self.options.optimize_export)
         so = ort.SessionOptions()
         so.log_severity_level = 3
@@ -158,8 +160,12 @@ def _quiet():
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True):
     """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter."""
     with _quiet():
-        program = torch.onnx.export(gm, args, dynamo=True, optimize=optimize, verbose=False,
-                                    report=False)
+        # torch.export non-strict only: torch.onnx.export's own fallback to strict export
+        # runs Dynamo inside the user's compiled call, which invalidated the caller's
+        # Dynamo cache and recompiled the model on every call (seen on GPT-2).
+        exported = torch.export.export(gm, args, strict=False)
+        program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
+                                    verbose=False, report=False)
     return program.model_proto
 
 

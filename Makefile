@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine (Python 3.11, no GPU needed):
+#   make demo   - a real model split across backends: report, correctness, speed
+#   make test   - the test suite
+# Each creates .venv and installs what it needs. torch is pinned first so that pip takes
+# the CPU wheel on disk instead of pulling CUDA packages.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[all,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/arbiter demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/partition_scaling.py
+	$(PY) bench/stitch_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
