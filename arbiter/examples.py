@@ -87,7 +87,8 @@ def gpt2_tiny():
     from transformers import GPT2Config, GPT2Model
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
+                     bos_token_id=0, eos_token_id=0)
     model = GPT2Model(cfg)
     return _HFWrapper(model), (torch.randint(0, 1000, (1, 32)),)
 

@@ -43,6 +43,9 @@ class OrtOptions(BaseModel):
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"],
                                  description="execution providers, in order")
     optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
+    allow_spinning: bool = Field(
+        False, description="let ONNX Runtime's worker threads spin after a run. Off by "
+        "default: spinning pools steal the cores torch needs for the partitions between")
 
 
 def _batch_norm_training(node) -> Optional[str]:
@@ -112,6 +115,8 @@ class OnnxRuntime(Backend):
         }[self.options.graph_optimization_level]
         if self.options.intra_op_num_threads is not None:
             so.intra_op_num_threads = self.options.intra_op_num_threads
+        so.add_session_config_entry("session.intra_op.allow_spinning",
+                                    "1" if self.options.allow_spinning else "0")
         sess = ort.InferenceSession(model.SerializeToString(), so,
                                     providers=list(self.options.providers))
         out_vals = _output_vals(gm)
