@@ -95,10 +95,6 @@ def test_refusals_mention_symbolic(dynamic_run):
     assert all(not p.fallbacks for g in rep.graphs for p in g.partitions), str(rep)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG runtime._non_contiguous_outputs (working tree): int(SymInt) on a symbolic output "
-    "shape specializes it (guard Eq(s0, 4)) instead of raising, so every new batch size "
-    "recompiles the whole graph"))
 def test_dynamic_backend_takes_symbolic_nodes(make_backend, fresh_dynamo):
     # a backend whose manifest says dynamic: true is given the symbolic nodes
     make_backend("dyn", ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor"],

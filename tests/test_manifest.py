@@ -214,10 +214,6 @@ def test_missing_op_refusal(make_backend):
     assert "not in the probe manifest" in sup.refusals["probe"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG manifest.parse_manifest/load_manifest: YAML-level problems (malformed YAML, "
-    "duplicate key, missing file) raise a plain ConfigError from yamlsrc, not "
-    "ManifestError, so `except ManifestError` misses them"))
 @pytest.mark.parametrize("text", ["backend: x\nops: {aten.relu.default: {}\n",
                                   "backend: x\nbackend: x\n"])
 def test_yaml_level_manifest_errors_are_manifest_errors(text):
