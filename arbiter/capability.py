@@ -180,16 +180,7 @@ class CapabilityTable:
         for node in nodes:
             target = node.target
             if kinds.get(target) is _COMPUTE and isinstance(node.meta.get("val"), tensor):
-                descs: tuple = ()
-                for inp in node.all_input_nodes:
-                    d = memo.get(inp)
-                    if d is None:
-                        d = memo[inp] = value_descs(inp.meta.get("val"))
-                    descs += d
-                d = memo.get(node)
-                if d is None:
-                    d = memo[node] = value_descs(node.meta.get("val"))
-                hit = cache.get((target, descs + d))
+                hit = cache.get((target, tensor_descs(node, memo)))
                 if hit is not None:
                     append(hit)
                     continue

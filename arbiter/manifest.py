@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError, ManifestError, UnknownOpError, did_you_mean
-from .ops import op_name, packet_name, resolve
+from .ops import packet_name, resolve
 from .yamlsrc import Located, load_file, load_text, validation_error
 
 #: dtype names as torch spells them (``torch.float32`` -> ``float32``).
@@ -204,6 +204,3 @@ def parse_manifest(text: str, file: str = "<manifest>", backend: Optional[str] =
         raise _as_manifest_error(exc) from None
     return _validate(located, backend)
 
-
-def node_op_name(node: torch.fx.Node) -> str:
-    return op_name(node.target)

@@ -31,12 +31,6 @@ class Subgraph:
     outputs: list[torch.fx.Node]  # nodes of the original graph it produces for others
 
 
-def _flat_nodes(args: Any) -> list[torch.fx.Node]:
-    out: list[torch.fx.Node] = []
-    torch.fx.node.map_arg(args, out.append)
-    return out
-
-
 def extract(plan: Plan, partition: Partition,
             constants: dict[torch.fx.Node, torch.Tensor]) -> Subgraph:
     """Cut ``partition`` out of ``plan.graph_module``.
