@@ -11,6 +11,7 @@ a function returning ``(model, example_inputs)``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import logging
 import sys
@@ -91,6 +92,14 @@ def cmd_demo(args) -> int:
     return run_demo(args.model, args.config, rounds=args.rounds)
 
 
+# Subcommands that live in their own modules: each has ``add_arguments(parser)`` and
+# ``run(args) -> int`` and keeps heavy imports inside ``run``.
+_MODULE_COMMANDS = {
+    "report": ("arbiter.cli_report", "capability report: tables, JSON, HTML"),
+    "probe": ("arbiter.cli_probe", "verify a backend's manifest against PyTorch's OpInfo"),
+}
+
+
 class _null:
     def __enter__(self):
         return self
@@ -115,11 +124,17 @@ def main(argv=None) -> int:
     p = sub.add_parser("manifest", help="generate a backend's capability manifest")
     p.add_argument("backend")
     p.add_argument("--write", action="store_true", help="write capabilities/<backend>.yaml")
+    handlers = {"backends": cmd_backends, "explain": cmd_explain, "demo": cmd_demo,
+                "manifest": cmd_manifest}
+    for name, (module_name, help_text) in _MODULE_COMMANDS.items():
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub.add_parser(name, help=help_text,
+                                            description=module.__doc__))
+        handlers[name] = module.run
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handler = {"backends": cmd_backends, "explain": cmd_explain, "demo": cmd_demo,
-               "manifest": cmd_manifest}[args.cmd]
+    handler = handlers[args.cmd]
     try:
         return handler(args)
     except ArbiterError as exc:

@@ -42,6 +42,48 @@ class BackendSpec(BaseModel):
                                     description="backend options; see the backend's docs")
 
 
+class MeasureOptions(BaseModel):
+    """How policy `measure` times candidates (issue 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time_budget_s: float = Field(120.0, gt=0, description="stop measuring after this long "
+                                 "per graph; what is left is placed by `cost`")
+    repeats: int = Field(5, ge=1, description="timed runs per candidate; the median counts")
+    warmup: int = Field(2, ge=0, description="untimed runs before timing")
+
+
+class CacheOptions(BaseModel):
+    """The persistent cache of decisions and compiled artifacts (issue 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="read and write the cache")
+    dir: Optional[str] = Field(None, description="cache directory; default "
+                               "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter")
+
+
+class VerifyOptions(BaseModel):
+    """Accuracy checks of compiled partitions against eager ATen (issue 5)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["off", "first", "every"] = Field(
+        "off", description="`first`: check each partition's first call; `every`: every "
+                           "`every_n` calls")
+    every_n: int = Field(100, ge=1, description="with mode `every`: check one call in N")
+
+
+class ResourcesOptions(BaseModel):
+    """One thread budget and one memory arena for all backends (issue 6)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threads: Union[Literal["auto"], int] = Field(
+        "auto", description="intra-op threads for every backend; `auto`: the cores")
+    shared_arena: bool = Field(True, description="one ONNX Runtime arena for all sessions")
+
+
 class Config(BaseModel):
     """A torch-arbiter config. Field docs are the reference; see docs/config.md."""
 
@@ -53,9 +95,14 @@ class Config(BaseModel):
         default_factory=list,
         description="backends that run what the `backends` refuse or fail to compile, in "
                     "order; eager ATen always ends the chain and need not be listed")
-    policy: Literal["priority"] = Field(
+    policy: Literal["priority", "measure", "cost"] = Field(
         "priority", description="`priority`: the first backend in config order that can "
-                                "run a node gets it")
+                                "run a node gets it; `measure`: the fastest placement by "
+                                "timing candidates; `cost`: by a static cost estimate")
+    measure: MeasureOptions = Field(default_factory=MeasureOptions)
+    cache: CacheOptions = Field(default_factory=CacheOptions)
+    verify: VerifyOptions = Field(default_factory=VerifyOptions)
+    resources: ResourcesOptions = Field(default_factory=ResourcesOptions)
     min_block_size: int = Field(
         3, ge=1, description="a partition with fewer compute nodes is handed to the next "
                              "backend able to run its nodes (eager is exempt)")

@@ -48,6 +48,8 @@ class PieceRecord:
     backend: str = ""  # what runs now ("" until compiled)
     compile_s: float = 0.0
     restride_copies: int = 0
+    calls: int = 0  # counted only while timing is on (Piece.timed)
+    run_s: float = 0.0
     fallbacks: list[Fallback] = field(default_factory=list)
 
 
@@ -97,8 +99,18 @@ class Piece:
         self.__module__ = __name__
         self._label = graph_label
         self._restride = _non_contiguous_outputs(gm)
+        self.timed = False  # set by a timed run (the report's per-partition times)
 
     def __call__(self, *args: Any) -> Any:
+        if self.timed:
+            start = time.perf_counter()
+            out = self._call(*args)
+            self.record.run_s += time.perf_counter() - start
+            self.record.calls += 1
+            return out
+        return self._call(*args)
+
+    def _call(self, *args: Any) -> Any:
         try:
             out = self._fn(*args)
         except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
@@ -153,7 +165,7 @@ class Piece:
                 raise exc  # eager ATen itself failed: the model would fail without us too
             failed = self._backends[self._level].name
             self._advance(args, (failed, ("run", _reason(exc))))
-        return self(*args)
+        return self._call(*args)
 
     def _note(self, frm: str, to: str, stage: str, reason: str) -> None:
         self.record.fallbacks.append(Fallback(frm, to, stage, reason))

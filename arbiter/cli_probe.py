@@ -1,0 +1,10 @@
+"""`arbiter probe`: placeholder until implemented."""
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    raise SystemExit("arbiter probe: not implemented yet")
