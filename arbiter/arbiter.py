@@ -170,7 +170,10 @@ def _graph_report(g: _GraphRecord) -> GraphReport:
             node_names=[n.name for n in compute], chain=rec.chain,
             fallbacks=[FallbackReport(from_backend=f.from_backend, to_backend=f.to_backend,
                                       stage=f.stage, reason=f.reason) for f in rec.fallbacks],
-            compile_s=round(rec.compile_s, 4)))
+            compile_s=round(rec.compile_s, 4), calls=rec.calls, run_s=round(rec.run_s, 6),
+            copies=rec.copies, restride_copies=rec.restride_copies,
+            verify_checks=rec.verify_checks, verify_max_error=rec.verify_max_error,
+            measured_ms=g.plan.measured_ms.get(p.id, {})))
     refusals: Counter = Counter()
     for node, sup in g.plan.support.items():
         if is_getitem(node):
@@ -181,4 +184,4 @@ def _graph_report(g: _GraphRecord) -> GraphReport:
         graph_id=g.graph_id, kind=g.kind, nodes=sum(x.nodes for x in parts), partitions=parts,
         refusals=[RefusalReport(op=o, backend=b, reason=r, nodes=c)
                   for (o, b, r), c in sorted(refusals.items())],
-        constants=g.constants, plan_s=round(g.plan_s, 5))
+        constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy)

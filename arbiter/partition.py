@@ -57,6 +57,9 @@ class Plan:
     partitions: list[Partition]
     support: dict[torch.fx.Node, NodeSupport] = field(repr=False)
     fallback: str = "eager"
+    policy: str = "priority"
+    # partition id -> backend -> median milliseconds, where a policy measured them
+    measured_ms: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def backend_of(self, node: torch.fx.Node) -> str:
         for p in self.partitions:

@@ -8,7 +8,7 @@ planned (both are kept: ``planned_backend`` and ``backend``).
 from __future__ import annotations
 
 import datetime
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 class FallbackReport(BaseModel):
     from_backend: str
     to_backend: str
-    stage: str = Field(description="`compile` or `run`")
+    stage: str = Field(description="`compile`, `run` or `verify`")
     reason: str
 
 
@@ -31,6 +31,14 @@ class PartitionReport(BaseModel):
     chain: list[str] = Field(description="backends tried in order if one fails")
     fallbacks: list[FallbackReport] = Field(default_factory=list)
     compile_s: float = 0.0
+    calls: int = Field(0, description="calls timed (a timed run)")
+    run_s: float = Field(0.0, description="time spent in this partition over timed calls")
+    copies: int = Field(0, description="tensor copies made at this partition's boundary")
+    restride_copies: int = Field(0, description="outputs copied into the traced layout")
+    verify_checks: int = Field(0, description="accuracy checks against eager ATen")
+    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
+    measured_ms: dict[str, float] = Field(default_factory=dict,
+                                          description="backend -> median ms, where measured")
 
 
 class RefusalReport(BaseModel):
@@ -49,6 +57,7 @@ class GraphReport(BaseModel):
                                           description="why backends refused ops, per op")
     constants: int = Field(0, description="weights handed to backends as constants")
     plan_s: float = 0.0
+    policy: str = "priority"
 
     def backends_used(self) -> list[str]:
         return sorted({p.backend for p in self.partitions})
@@ -67,6 +76,8 @@ class Report(BaseModel):
     dry_run: bool = False
     backends: list[BackendStatus] = Field(default_factory=list)
     graphs: list[GraphReport] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict,
+                                      description="thread and memory settings in force")
 
     def summary(self) -> str:
         parts = [p for g in self.graphs for p in g.partitions]

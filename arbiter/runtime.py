@@ -50,6 +50,9 @@ class PieceRecord:
     restride_copies: int = 0
     calls: int = 0  # counted only while timing is on (Piece.timed)
     run_s: float = 0.0
+    copies: int = 0  # tensor copies made at this partition's boundary (inputs, outputs)
+    verify_checks: int = 0  # accuracy checks against eager ATen (config `verify`)
+    verify_max_error: Optional[float] = None
     fallbacks: list[Fallback] = field(default_factory=list)
 
 
