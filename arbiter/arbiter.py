@@ -70,6 +70,13 @@ class Arbiter:
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
             self.backends[name] = backend
         chain = list(self.backends.values())
+        # The persistent cache (decisions and artifacts); None when off or unusable.
+        from .cache import from_options
+
+        self.cache = None if dry_run else from_options(self.config.cache.enabled,
+                                                       self.config.cache.dir)
+        for backend in chain:
+            backend.artifact_cache = self.cache
         self.table = CapabilityTable(chain, exclude_ops=self.config.exclude_ops,
                                      pin=self.config.pin, unavailable=self.unavailable)
         self._graphs: list[_GraphRecord] = []
@@ -92,7 +99,10 @@ class Arbiter:
 
     # -- planning --------------------------------------------------------------------
     def plan(self, gm: torch.fx.GraphModule) -> Plan:
-        """The partition plan for an ATen FX graph (nodes need ``meta["val"]``)."""
+        """The priority plan for an ATen FX graph (nodes need ``meta["val"]``).
+
+        Policies `cost` and `measure` choose among ``policy.candidates``, of which this
+        is the first."""
         return partition_graph(gm, self.table, self.config.min_block_size)
 
     def chain_for(self, plan: Plan, part) -> list[Backend]:
@@ -107,34 +117,94 @@ class Arbiter:
                 chain.append(backend)
         return chain
 
+    def decision_parts(self) -> dict:
+        """What besides the graph decides a measured choice: part of its cache key."""
+        cfg = self.config.model_dump(mode="json", include={
+            "backends", "fallback", "min_block_size", "exclude_ops", "pin",
+            "decompositions", "freeze_weights"})
+        return {"policy": "measure", "config": cfg,
+                "versions": {n: _safe_version(b) for n, b in self.backends.items()
+                             if n not in self.unavailable}}
+
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
                        constants: dict[torch.fx.Node, torch.Tensor]) -> Callable:
+        from .policy import candidates, choose_by_cost
+
         start = time.perf_counter()
-        plan = self.plan(gm)
+        policy = self.config.policy if not self.dry_run else "priority"
+        cands = None
+        if policy == "priority":
+            plan = self.plan(gm)
+        else:
+            cands = candidates(self, gm)
+            # `cost` picks here; `measure` starts from the cost pick's rival, priority,
+            # and times them all on the first call (see measure.py).
+            plan = choose_by_cost(cands).plan if policy == "cost" else cands[0].plan
+            plan.policy = policy
+            plan.candidates_ms = {c.label: None for c in cands}
+            plan.estimates_ms = {c.label: round(c.estimate_ms, 4) for c in cands}
+            if policy == "cost":
+                plan.chosen = choose_by_cost(cands).label
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)
         label = f"graph {graph_id} ({kind})"
+        # Pieces shared by every plan of this graph, by (chain, nodes): a partition that
+        # two candidates have in common compiles once.
+        pieces: dict = {}
+
+        def build(p: Plan) -> tuple[Callable, dict[int, PieceRecord]]:
+            return self._build(p, constants, label, pieces)
+
+        stitched, records = build(plan)
+        record = _GraphRecord(graph_id, kind, plan, records, len(constants), plan_s)
+        with self._lock:
+            self._graphs.append(record)
+        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
+                 sum(p.size for p in plan.partitions), len(plan.partitions),
+                 ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3, policy)
+        if policy == "measure" and len(cands) > 1:
+            from .measure import MeasuredGraph
+
+            return MeasuredGraph(self, gm, constants, cands, record, label,
+                                 lambda c: build(c.plan))
+        return stitched
+
+    def _build(self, plan: Plan, constants: dict, label: str,
+               pieces: dict) -> tuple[Callable, dict[int, PieceRecord]]:
+        """The stitched module of ``plan``, reusing pieces from ``pieces`` (updated)."""
         records: dict[int, PieceRecord] = {}
         runners = {}
         inline = set()
         for part in plan.partitions:
             chain = self.chain_for(plan, part)
-            record = PieceRecord(part.id, part.backend, [b.name for b in chain])
-            records[part.id] = record
             if chain[0].inline_aten or self.dry_run:
+                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
                 record.backend = part.backend if not self.dry_run else ""
+                records[part.id] = record
                 inline.add(part.id)
                 continue
-            sub = extract(plan, part, constants)
-            runners[part.id] = (sub, Piece(record, sub.gm, chain, label))
-        stitched = stitch(plan, runners, inline)
+            names = tuple(n.name for n in part.nodes)
+            key = (tuple(b.name for b in chain), names)
+            if key not in pieces:
+                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
+                sub = extract(plan, part, constants)
+                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
+                piece.node_names = names  # measure.py keys per-partition timings by it
+                pieces[key] = (sub, piece)
+            sub, piece = pieces[key]
+            records[part.id] = piece.record
+            runners[part.id] = (sub, piece)
+        return stitch(plan, runners, inline), records
+
+    def _replace_plan(self, record: _GraphRecord, plan: Plan,
+                      records: dict[int, PieceRecord]) -> None:
+        """Install the plan a policy chose at the first call (measure.py)."""
+        for part in plan.partitions:
+            records[part.id].partition_id = part.id
         with self._lock:
-            self._graphs.append(_GraphRecord(graph_id, kind, plan, records, len(constants), plan_s))
-        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms", label,
-                 sum(p.size for p in plan.partitions), len(plan.partitions),
-                 ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3)
-        return stitched
+            record.plan = plan
+            record.records = records
 
     # -- reporting -------------------------------------------------------------------
     def report(self) -> Report:

@@ -47,10 +47,14 @@ class MeasureOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    time_budget_s: float = Field(120.0, gt=0, description="stop measuring after this long "
-                                 "per graph; what is left is placed by `cost`")
+    time_budget_s: float = Field(120.0, gt=0, description="no new candidate is started "
+                                 "after this long per graph (compiles included); what is "
+                                 "left unmeasured is ranked by `cost`")
     repeats: int = Field(5, ge=1, description="timed runs per candidate; the median counts")
-    warmup: int = Field(2, ge=0, description="untimed runs before timing")
+    warmup: int = Field(2, ge=0, description="untimed runs before timing (at least one "
+                        "always runs: it compiles)")
+    progress: bool = Field(True, description="show a progress line on stderr when "
+                           "measuring takes more than 2 s (it is logged at INFO anyway)")
 
 
 class CacheOptions(BaseModel):

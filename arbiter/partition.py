@@ -27,6 +27,7 @@ import gc
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch.fx
 
@@ -60,6 +61,11 @@ class Plan:
     policy: str = "priority"
     # partition id -> backend -> median milliseconds, where a policy measured them
     measured_ms: dict[int, dict[str, float]] = field(default_factory=dict)
+    # policies `cost`/`measure`: candidate placement -> estimated / measured median ms
+    # (None: not measured), and the candidate chosen (arbiter/policy.py, measure.py)
+    estimates_ms: dict[str, float] = field(default_factory=dict)
+    candidates_ms: dict[str, Optional[float]] = field(default_factory=dict)
+    chosen: str = ""
 
     def backend_of(self, node: torch.fx.Node) -> str:
         for p in self.partitions:

@@ -127,6 +127,36 @@ class Backend:
         """
         raise NotImplementedError
 
+    # -- the persistent cache (arbiter/cache.py) --------------------------------------
+    #: set by ``Arbiter`` when its config enables the cache: a ``cache.Cache``, or None.
+    artifact_cache: Optional[Any] = None
+
+    def cache_parts(self) -> dict:
+        """What, besides the graph, its inputs and its constants, changes what
+        ``compile`` builds: part of every artifact key. Override to add more (a device)."""
+        return {"backend": self.name, "version": self.version(),
+                "options": self.options.model_dump(mode="json")}
+
+    def cached_artifact(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                        build: Callable[[], bytes], kind: str = "artifact") -> bytes:
+        """Bytes a backend can rebuild its compiled form from (an ONNX model, say), from
+        the cache when an entry for this graph, inputs, weights and ``cache_parts``
+        exists, else from ``build()`` (then stored). The backend calls this inside
+        ``compile`` around its slow step; without a cache it is ``build()``."""
+        cache = self.artifact_cache
+        if cache is None:
+            return build()
+        from .cache import fingerprint
+
+        key = fingerprint(gm, example_inputs, self.cache_parts())
+        blob = cache.get(kind, key)
+        if blob is not None:
+            log.info("%s: %s loaded from the cache (%d bytes)", self.name, kind, len(blob))
+            return blob
+        blob = build()
+        cache.put(kind, key, blob)
+        return blob
+
 
 _REGISTRY: dict[str, type[Backend]] = {}
 _discovered = False

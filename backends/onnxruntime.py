@@ -104,7 +104,11 @@ class OnnxRuntime(Backend):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
         args = tuple(a.detach() for a in example_inputs)
-        model = export_onnx(gm, args, optimize=self.options.optimize_export)
+        # The export is the slow step (seconds on a transformer): its ONNX bytes are what
+        # the persistent cache keeps; session creation from bytes is cheap.
+        model_bytes = self.cached_artifact(
+            gm, args, lambda: export_onnx(gm, args, optimize=self.options.optimize_export)
+            .SerializeToString(), kind="onnx")
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = {
@@ -117,7 +121,7 @@ class OnnxRuntime(Backend):
             so.intra_op_num_threads = self.options.intra_op_num_threads
         so.add_session_config_entry("session.intra_op.allow_spinning",
                                     "1" if self.options.allow_spinning else "0")
-        sess = ort.InferenceSession(model.SerializeToString(), so,
+        sess = ort.InferenceSession(model_bytes, so,
                                     providers=list(self.options.providers))
         out_vals = _output_vals(gm)
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],

@@ -93,6 +93,21 @@ def write_manifest(directory: Path, name: str, ops: list[str], *,
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _arbiter_cache_dir(tmp_path_factory):
+    """Every test writes the persistent cache (arbiter/cache.py) under a temporary
+    directory, never the user's ~/.cache/torch-arbiter."""
+    import os
+
+    saved = os.environ.get("ARBITER_CACHE_DIR")
+    os.environ["ARBITER_CACHE_DIR"] = str(tmp_path_factory.mktemp("arbiter-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("ARBITER_CACHE_DIR", None)
+    else:
+        os.environ["ARBITER_CACHE_DIR"] = saved
+
+
 @pytest.fixture
 def registry():
     """Snapshot ``arbiter.registry._REGISTRY`` and restore it after the test."""

@@ -1,0 +1,211 @@
+"""Policy `measure`: time the candidate placements on the graph's first real call.
+
+Why at the first call: ``_compile_graph`` sees FakeTensor metadata only. Random inputs
+drawn from it break integer inputs (token ids that index an embedding go out of range)
+and miss data-dependent paths; the first call has the real inputs, and the pieces
+compile lazily on it anyway. So ``MeasuredGraph`` stands where the stitched graph would,
+and on its first call:
+
+1. looks the decision up in the persistent cache (key: the graph, its real input shapes,
+   its constants' bytes, the config and the backends' versions); on a hit, that
+   candidate is built and nothing is timed;
+2. else times the candidates (``policy.candidates``: priority, then every single-backend
+   placement, cheapest estimate first) end to end: ``warmup`` untimed calls (the first
+   compiles), then ``repeats`` timed calls, the median counts. End-to-end timing counts
+   boundary costs for free. Pieces are shared between candidates by (chain, nodes), so a
+   partition common to two candidates compiles once, and the winner's pieces are already
+   compiled when it is installed;
+3. stops starting new work once ``time_budget_s`` is spent (a compile under way is not
+   interrupted); candidates left unmeasured are ranked by their cost estimate scaled to
+   the measured ones (median measured/estimate ratio). The priority candidate is always
+   measured;
+4. installs the winner, records every candidate's time in the plan, stores the decision.
+
+The graph runs functionally during timing, but an inference graph may still write to an
+input (``copy_`` into a buffer): then timing runs on clones of the inputs. Torch's RNG
+state is restored afterwards (``torch.random.fork_rng``), so random ops draw what eager
+would have drawn.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from .capability import is_mutating
+from .policy import PRIORITY, Candidate
+
+if TYPE_CHECKING:
+    from .arbiter import Arbiter, _GraphRecord
+
+log = logging.getLogger(__name__)
+
+#: Work longer than this shows a progress line on stderr (logging has it at INFO anyway).
+PROGRESS_AFTER_S = 2.0
+
+
+class MeasuredGraph:
+    """Callable standing for one graph under policy `measure`; see the module docstring."""
+
+    def __init__(self, arb: "Arbiter", gm: torch.fx.GraphModule, constants: dict,
+                 cands: list[Candidate], record: "_GraphRecord", label: str,
+                 build: Callable[[Candidate], tuple[Callable, dict]]):
+        self._arb = arb
+        self._gm = gm
+        self._constants = constants
+        self.candidates = cands
+        self._record = record
+        self._label = label
+        self._build = build  # candidate -> (stitched callable, records); shares pieces
+        self._lock = threading.Lock()
+        self._fn: Callable = self._first_call
+        self.chosen: Optional[Candidate] = None
+        self.from_cache = False
+        self.__name__ = f"measured_{label}"
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def _first_call(self, *args: Any) -> Any:
+        with self._lock:
+            if self.chosen is None:
+                self._choose(args)
+        return self._fn(*args)
+
+    # -- choosing ------------------------------------------------------------------
+    def _choose(self, args: Sequence[Any]) -> None:
+        cache = self._arb.cache
+        key = None
+        if cache is not None:
+            from .cache import fingerprint
+
+            key = fingerprint(self._gm, args, self._arb.decision_parts(), self._constants)
+            hit = cache.get_json("decision", key)
+            by_label = {c.label: c for c in self.candidates}
+            if isinstance(hit, dict) and hit.get("label") in by_label:
+                for c in self.candidates:
+                    ms = (hit.get("measured_ms") or {}).get(c.label)
+                    c.measured_ms = float(ms) if isinstance(ms, (int, float)) else None
+                self._install(by_label[hit["label"]], {})
+                self.from_cache = True
+                log.info("%s: measured decision from the cache: %s", self._label, hit["label"])
+                return
+            if hit is not None:
+                log.warning("%s: cached decision %r names no candidate of this graph; "
+                            "measuring again", self._label, hit.get("label"))
+        per_part = self._measure(args)
+        chosen = self._pick()
+        self._install(chosen, per_part)
+        if cache is not None and key is not None:
+            cache.put_json("decision", key, {
+                "label": chosen.label,
+                "measured_ms": {c.label: c.measured_ms for c in self.candidates
+                                if c.measured_ms is not None}})
+
+    def _measure(self, args: Sequence[Any]) -> dict:
+        """Time candidates within the budget; returns (backend, node names) -> ms."""
+        opts = self._arb.config.measure
+        args = list(args)
+        if any(is_mutating(n) for n in self._gm.graph.nodes):
+            args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        start = time.perf_counter()
+        per_part: dict = {}
+        # Priority first (always measured: it is what the user gets without measuring),
+        # then the others by estimate, cheapest first, so the budget goes to the likeliest.
+        order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
+        shown = False
+        with torch.random.fork_rng(devices=[]):
+            for k, cand in enumerate(order):
+                elapsed = time.perf_counter() - start
+                if cand.label != PRIORITY and elapsed > opts.time_budget_s:
+                    log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
+                             "cost estimate", self._label, opts.time_budget_s, len(order) - k)
+                    break
+                msg = (f"{self._label}: measuring candidate {k + 1}/{len(order)} "
+                       f"({cand.label}), {elapsed:.1f} s")
+                log.info(msg)
+                if opts.progress and elapsed > PROGRESS_AFTER_S:
+                    sys.stderr.write(f"\rarbiter: {msg}   ")
+                    sys.stderr.flush()
+                    shown = True
+                self._time(cand, args, start, per_part)
+        if shown:
+            sys.stderr.write("\n")
+        log.info("%s: measured %s", self._label, ", ".join(
+            f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
+            else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
+        return per_part
+
+    def _time(self, cand: Candidate, args: list, start: float, per_part: dict) -> None:
+        opts = self._arb.config.measure
+        fn, records = self._build(cand)
+        pieces = _pieces(fn)
+        # The first call compiles; it is never timed, whatever `warmup` says.
+        for _ in range(max(1, opts.warmup)):
+            fn(*args)
+        samples: list[float] = []
+        part_samples: dict = {}
+        for _ in range(opts.repeats):
+            for p in pieces:
+                p.timed = True
+            before = {p: p.record.run_s for p in pieces}
+            t0 = time.perf_counter()
+            fn(*args)
+            samples.append((time.perf_counter() - t0) * 1e3)
+            for p in pieces:
+                p.timed = False
+                part_samples.setdefault(p, []).append((p.record.run_s - before[p]) * 1e3)
+            if time.perf_counter() - start > opts.time_budget_s and len(samples) >= 1:
+                break  # out of budget: a shorter median beats none
+        for p, xs in part_samples.items():
+            per_part[(p.record.backend, p.node_names)] = \
+                statistics.median(xs)
+        cand.measured_ms = statistics.median(samples)
+
+    def _pick(self) -> Candidate:
+        measured = [c for c in self.candidates if c.measured_ms is not None]
+        ratios = [c.measured_ms / c.estimate_ms for c in measured if c.estimate_ms > 0]
+        scale = statistics.median(ratios) if ratios else 1.0
+
+        def score(ic):
+            i, c = ic
+            ms = c.measured_ms if c.measured_ms is not None else c.estimate_ms * scale
+            # measured beats predicted on a tie; then config order
+            return (ms, c.measured_ms is None, i)
+
+        return min(enumerate(self.candidates), key=score)[1]
+
+    def _install(self, chosen: Candidate, per_part: dict) -> None:
+        fn, records = self._build(chosen)
+        plan = chosen.plan
+        plan.policy = "measure"
+        for part in plan.partitions:
+            names = tuple(n.name for n in part.nodes)
+            got = {b: round(ms, 4) for (b, ns), ms in per_part.items() if ns == names}
+            if got:
+                plan.measured_ms[part.id] = got
+        plan.candidates_ms = {c.label: (round(c.measured_ms, 4) if c.measured_ms is not None
+                                        else None) for c in self.candidates}
+        plan.chosen = chosen.label
+        self._arb._replace_plan(self._record, plan, records)
+        self.chosen = chosen
+        self._fn = fn
+        log.info("%s: policy measure chose %s%s", self._label, chosen.label,
+                 f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
+
+
+def _pieces(fn: Any) -> list:
+    """The Piece objects a stitched GraphModule calls."""
+    from .runtime import Piece
+
+    graph = getattr(fn, "graph", None)
+    if graph is None:
+        return []
+    return [n.target for n in graph.nodes
+            if n.op == "call_function" and isinstance(n.target, Piece)]
