@@ -67,6 +67,15 @@ class CacheOptions(BaseModel):
                                "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter")
 
 
+class Tolerance(BaseModel):
+    """Outputs match when |got - eager| <= atol + rtol * |eager| elementwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rtol: float = Field(ge=0, description="relative tolerance")
+    atol: float = Field(ge=0, description="absolute tolerance")
+
+
 class VerifyOptions(BaseModel):
     """Accuracy checks of compiled partitions against eager ATen (issue 5)."""
 
@@ -75,7 +84,23 @@ class VerifyOptions(BaseModel):
     mode: Literal["off", "first", "every"] = Field(
         "off", description="`first`: check each partition's first call; `every`: every "
                            "`every_n` calls")
-    every_n: int = Field(100, ge=1, description="with mode `every`: check one call in N")
+    every_n: int = Field(100, ge=1, description="with mode `every`: check one call in N "
+                         "(the first call of each compiled backend included)")
+    tolerances: dict[str, Tolerance] = Field(
+        default_factory=dict, description="dtype name -> {rtol, atol}, overriding the "
+        "defaults of arbiter.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, atol 1e-5); "
+        "integer and bool outputs must be equal")
+
+    @field_validator("tolerances")
+    @classmethod
+    def _known_dtypes(cls, v: dict[str, "Tolerance"]) -> dict[str, "Tolerance"]:
+        from .manifest import DTYPES
+
+        for name in v:
+            if name not in DTYPES:
+                raise ValueError(f"unknown dtype {name!r}{did_you_mean(name, DTYPES)}; "
+                                 f"valid: {', '.join(DTYPES)}")
+        return v
 
 
 class ResourcesOptions(BaseModel):

@@ -1,0 +1,249 @@
+"""OpenVINO (CPU plugin).
+
+A partition is converted by OpenVINO's own PyTorch frontend: the ATen partition is
+exported with ``torch.export`` (non-strict, the partition's real inputs, as the ONNX
+Runtime backend does) and the ExportedProgram goes to ``openvino.convert_model``, then
+``Core.compile_model`` for the device. No op translations are written here. Handing
+the partition straight to OpenVINO's FX decoder (what OpenVINO's own torch.compile
+backend does) was tried and fails in openvino 2026.4 ("pure virtual function
+TorchDecoder::decoder_type_name"), so the supported ExportedProgram entry is used.
+
+Precision is float32 unless the config says otherwise: the CPU plugin picks bf16 by
+itself on CPUs that have it (errors of 2e-2 on transformers, 3.0 on ResNet-50 measured).
+
+Tensors cross without copies where OpenVINO allows: inputs are wrapped as ``ov.Tensor``
+over the torch tensor's memory (``shared_memory=True``; made contiguous first, which is
+the one copy that can happen: counted in ``OvRunner.input_copies``), and outputs are
+torch-allocated tensors set as the request's output tensors, so the plugin writes into
+them. Each thread gets its own infer request (requests are not thread-safe).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Literal, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from arbiter.registry import Backend, register_backend
+
+log = logging.getLogger(__name__)
+
+_PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+
+
+class OvOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    precision: Literal["f32", "bf16", "f16"] = Field(
+        "f32", description="INFERENCE_PRECISION_HINT. f32 by default: the CPU plugin "
+        "otherwise picks bf16 on CPUs that have it, which is faster but not eager-equal")
+    cache_dir: Optional[str] = Field(
+        None, description="OpenVINO's CACHE_DIR (compiled blobs reused across processes); "
+        "None: no cache")
+    num_threads: Optional[int] = Field(
+        None, ge=0, description="INFERENCE_NUM_THREADS; None: OpenVINO's default")
+    performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] = Field(
+        "LATENCY", description="PERFORMANCE_HINT")
+    device: str = Field("CPU", description="OpenVINO device name (`openvino.Core()."
+                        "available_devices`)")
+
+
+#: dtypes the PyTorch frontend and the CPU plugin take as inputs/outputs.
+_TORCH_TO_OV = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "boolean",
+}
+
+
+def _cat_of_legacy_empty(node) -> Optional[str]:
+    # torch.cat skips 1-D empty tensors whatever the other inputs' rank (a legacy rule
+    # transformers' DynamicCache relies on: GPT-2's first key/value cat); OpenVINO's
+    # Concat rejects them: "Axis -2 out of the tensor rank range [-1, 0]".
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors", ())
+    vals = [t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in tensors]
+    ranks = {v.dim() for v in vals if isinstance(v, torch.Tensor)}
+    if len(ranks) > 1 and any(isinstance(v, torch.Tensor) and tuple(v.shape) == (0,)
+                              for v in vals):
+        return "cat of a 1-D empty tensor with tensors of higher rank (OpenVINO's Concat rejects it)"
+    return None
+
+
+@register_backend
+class OpenVino(Backend):
+    name = "openvino"
+    Options = OvOptions
+    install_hint = "pip install 'torch-arbiter[openvino]'"
+    validators = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
+                  "aten.concatenate.default": _cat_of_legacy_empty}
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            import openvino
+        except ImportError as exc:
+            return False, f"{exc.name or exc} is not installed"
+        devices = openvino.Core().available_devices
+        if self.options.device not in devices:
+            return False, (f"OpenVINO device {self.options.device!r} is not available "
+                           f"(has {', '.join(devices)})")
+        return True, ""
+
+    def version(self) -> str:
+        import openvino
+
+        return f"openvino {openvino.__version__}"
+
+    def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        import openvino as ov
+
+        for a in example_inputs:
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"non-tensor partition input {type(a).__name__} "
+                                "(symbolic sizes are not supported by this backend)")
+            if a.dtype not in _TORCH_TO_OV:
+                raise TypeError(f"partition input dtype {a.dtype} is not supported")
+        args = tuple(a.detach() for a in example_inputs)
+        model = convert(gm, args)
+        core = ov.Core()
+        compiled = core.compile_model(model, self.options.device, self.properties())
+        return OvRunner(compiled, args, _output_vals(gm))
+
+    def properties(self) -> dict:
+        """The compile_model properties the options stand for."""
+        o = self.options
+        props = {"INFERENCE_PRECISION_HINT": _PRECISIONS[o.precision],
+                 "PERFORMANCE_HINT": o.performance_hint}
+        if o.num_threads is not None:
+            props["INFERENCE_NUM_THREADS"] = o.num_threads
+        if o.cache_dir is not None:
+            props["CACHE_DIR"] = o.cache_dir
+        return props
+
+    @classmethod
+    def declared_ops(cls):
+        """ATen ops in OpenVINO's own torch.compile op-support table
+        (``openvino.frontend.pytorch.torchdynamo.op_support``)."""
+        from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
+
+        out = {}
+        for key in OperatorSupport(None)._support_dict:
+            if not key.startswith("torch.ops.aten."):
+                continue
+            base, _, overload = key[len("torch.ops.aten."):].partition(".")
+            packet = getattr(torch.ops.aten, base, None)
+            if packet is None:
+                continue
+            names = [overload] if overload else list(packet.overloads())
+            for name in names:
+                try:
+                    out[getattr(packet, name)] = {}
+                except AttributeError:
+                    continue
+        return out
+
+
+def convert(gm: torch.fx.GraphModule, args: tuple):
+    """An ATen FX graph -> openvino.Model, with the inputs' shapes and dtypes fixed."""
+    import openvino as ov
+
+    from arbiter.backends.onnxruntime import _quiet
+
+    with _quiet():
+        # non-strict: a strict export runs Dynamo inside the user's compiled call (see
+        # the ONNX Runtime backend); real strides, as a `view` may rely on them.
+        exported = torch.export.export(gm, args, strict=False)
+        try:
+            model = ov.convert_model(exported)
+        except Exception as exc:
+            raise RuntimeError(f"OpenVINO could not convert the partition: "
+                               f"{_conversion_summary(str(exc))}") from exc
+    if len(model.inputs) != len(args):
+        raise RuntimeError(f"converted model has {len(model.inputs)} inputs, partition has "
+                           f"{len(args)}")
+    # Both paths give dynamic dimensions; the partition's shapes are static (the manifest
+    # says dynamic: false), and static shapes let the plugin plan memory and kernels.
+    for i, a in enumerate(args):
+        node = model.inputs[i].get_node()
+        node.set_element_type(getattr(ov.Type, _TORCH_TO_OV[a.dtype]))
+        node.set_partial_shape(ov.PartialShape(list(a.shape)))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def _conversion_summary(message: str) -> str:
+    """The ops OpenVINO's frontend names as failed, and the first reason it gives; its
+    full message (tens of lines, starting with a C++ source location) stays on the cause."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    failed = next((ln for ln in lines if ln.startswith("-- Conversion is failed for:")), None)
+    reason = next((ln for ln in lines if ln.startswith("Check '") and "unconverted_ops" not in ln
+                   or "out of" in ln or ln.startswith("Exception happened")), None)
+    parts = [p for p in (failed and failed[3:], reason) if p]
+    return "; ".join(parts) if parts else (lines[0] if lines else message)
+
+
+def _output_vals(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    vals = out.meta.get("val")
+    if vals is None:
+        vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                     for a in out.args[0])
+    return list(vals)
+
+
+class OvRunner:
+    """Runs one compiled model: inputs and outputs share memory with torch tensors."""
+
+    def __init__(self, compiled, example_args: tuple, out_vals: list):
+        n_in, n_out = len(compiled.inputs), len(compiled.outputs)
+        if n_in != len(example_args):
+            raise RuntimeError(f"converted model has {n_in} inputs, partition has "
+                               f"{len(example_args)}")
+        if n_out != len(out_vals):
+            raise RuntimeError(f"converted model has {n_out} outputs, partition has "
+                               f"{len(out_vals)}")
+        specs = []
+        for i, v in enumerate(out_vals):
+            if not isinstance(v, torch.Tensor) or v.dtype not in _TORCH_TO_OV:
+                raise TypeError(f"output {i}: unsupported value {type(v).__name__}")
+            if any(not isinstance(s, int) for s in v.shape):
+                raise TypeError(f"output {i}: symbolic shape {tuple(v.shape)}")
+            ov_shape = tuple(compiled.outputs[i].get_partial_shape().to_shape())
+            if ov_shape != tuple(v.shape):
+                raise RuntimeError(f"output {i}: OpenVINO gives shape {ov_shape}, the "
+                                   f"partition {tuple(v.shape)}")
+            specs.append((tuple(int(s) for s in v.shape), v.dtype))
+        self.compiled = compiled
+        self.out_specs = specs
+        self.input_copies = 0  # non-contiguous inputs made contiguous (one copy each)
+        self._local = threading.local()
+
+    def _request(self):
+        r = getattr(self._local, "request", None)
+        if r is None:
+            r = self._local.request = self.compiled.create_infer_request()
+        return r
+
+    def __call__(self, *args: torch.Tensor):
+        import openvino as ov
+
+        req = self._request()
+        keep = []
+        for i, t in enumerate(args):
+            if not t.is_contiguous():
+                t = t.contiguous()
+                self.input_copies += 1
+            keep.append(t)
+            req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
+        outs = []
+        for i, (shape, dtype) in enumerate(self.out_specs):
+            o = torch.empty(shape, dtype=dtype)
+            req.set_output_tensor(i, ov.Tensor(_as_numpy(o), shared_memory=True))
+            outs.append(o)
+        req.infer()
+        return outs
+
+
+def _as_numpy(t: torch.Tensor):
+    return t.detach().numpy()  # a view of the tensor's memory, not a copy
