@@ -1,10 +1,62 @@
-"""`arbiter probe`: placeholder until implemented."""
+"""`arbiter probe BACKEND`: run PyTorch's OpInfo samples through one backend alone and
+through eager; print what passed and failed; with --write, mark the manifest's entries
+that passed `verified: probed` (with the dtypes that passed) and drop the ops that failed.
+
+Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
+--limit-s stops after that many seconds, leaving the rest `declared`.
+"""
 from __future__ import annotations
+
+import json
 
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("backend", help="a registered backend (`arbiter backends`)")
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                        help="only these OpInfos (e.g. add, nn.functional.gelu) or ATen "
+                             "ops (aten.add, aten.gelu.default)")
+    parser.add_argument("--dtypes", default=None,
+                        help="comma-separated dtypes to try (default float32,int64,bool,float16)")
+    parser.add_argument("--limit-s", type=float, default=None,
+                        help="stop starting new OpInfos after this many seconds")
+    parser.add_argument("--write", action="store_true",
+                        help="update capabilities/<backend>.yaml with what passed")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="with --write: write the updated manifest here instead")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write every sample's result as JSON")
 
 
 def run(args) -> int:
-    raise SystemExit("arbiter probe: not implemented yet")
+    from dataclasses import asdict
+
+    from .errors import ArbiterError
+    from .manifest import DTYPES
+    from .probe import DEFAULT_DTYPES, probe, stderr_progress, summarize_failures, write_manifest
+    from .registry import get_backend_class
+
+    cls = get_backend_class(args.backend)
+    backend = cls()
+    ok, why = backend.available()
+    if not ok:
+        raise ArbiterError(f"backend {args.backend!r} is unavailable: {why}")
+    if backend.inline_aten:
+        raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
+    dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ArbiterError(f"--dtypes: unknown dtype {d!r}; valid: {', '.join(DTYPES)}")
+    result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
+                   progress=stderr_progress())
+    print(result.summary())
+    for line in summarize_failures(result.samples):
+        print("  failed:", line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": result.summary(), "counts": result.counts(),
+                       "samples": [asdict(s) for s in result.samples]}, f, indent=1)
+    if args.write:
+        path = cls.manifest_path()
+        text = write_manifest(path, result, out=args.out)
+        print(f"wrote {args.out or path} ({len(text.splitlines())} lines)")
+    return 0

@@ -105,6 +105,23 @@ class Pattern(BaseModel):
     note: Optional[str] = None
 
 
+class ProbeInfo(BaseModel):
+    """What `arbiter probe` found (written by it): versions, counts, failed ops."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    date: str
+    torch: str
+    backend_version: str
+    dtypes_tried: list[str] = Field(default_factory=list)
+    opinfos: str = Field("", description="OpInfos probed / OpInfos selected")
+    samples_passed: int = 0
+    samples_failed: int = 0
+    samples_skipped: int = 0
+    failed: dict[str, str] = Field(default_factory=dict, description="ops removed "
+                                   "because every sample of them alone failed, with why")
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -117,6 +134,8 @@ class Manifest(BaseModel):
     decompositions: list[str] = Field(
         default_factory=list, description="ops this backend wants decomposed (PyTorch's "
         "decomposition table) before partitioning; applies to the whole graph")
+    probe: Optional[ProbeInfo] = Field(None, description="set by `arbiter probe --write`; "
+                                       "entries it verified say `verified: probed`")
 
     @field_validator("ops", mode="before")
     @classmethod

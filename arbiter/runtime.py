@@ -24,6 +24,7 @@ import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .registry import Backend
+from .verify import check_meta, compare, output_specs
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Fallback:
 
     from_backend: str
     to_backend: str
-    stage: str  # "compile" or "run"
+    stage: str  # "compile", "run" (raised, or wrong output metadata) or "verify"
     reason: str
 
 
@@ -64,6 +65,28 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}{loc}"
 
 
+def _compile_lock():
+    """The lock that serializes compiles process-wide: Dynamo's own when it has one.
+
+    Backends trace and compile with process-global state (export, Inductor, Dynamo's
+    config), so pieces compiling in two threads, or beside Dynamo compiling another
+    model, must take turns. Taking Dynamo's lock (an RLock) rather than one of our own
+    keeps a single lock order: Dynamo holds it while it calls us to plan (and the
+    `measure` policy runs pieces then), and a piece takes it before its own lock.
+    """
+    global _COMPILE_LOCK
+    if _COMPILE_LOCK is None:
+        try:
+            from torch._dynamo.convert_frame import compile_lock
+        except ImportError:  # a torch without it: our own, same order
+            compile_lock = threading.RLock()
+        _COMPILE_LOCK = compile_lock
+    return _COMPILE_LOCK
+
+
+_COMPILE_LOCK = None
+
+
 def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
     """(index, size, stride) of outputs whose traced strides are not contiguous ones."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
@@ -87,21 +110,35 @@ def _strides_matter(size, stride, contiguous) -> bool:
 
 
 class Piece:
-    """Callable for one partition; see the module docstring."""
+    """Callable for one partition; see the module docstring.
+
+    Every call of a compiled backend is checked against the partition's traced output
+    metadata (count, shape, dtype, device: a few comparisons per output); a mismatch
+    demotes the piece like an exception does. With ``verify`` (the config's
+    ``VerifyOptions``), chosen calls also run the ATen graph in eager on the same inputs
+    and compare (``arbiter.verify.compare``); a mismatch demotes the piece (stage
+    ``verify``) and that call returns eager's result.
+    """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
-                 backends: Sequence[Backend], graph_label: str):
+                 backends: Sequence[Backend], graph_label: str, verify: Any = None):
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
         self._level = -1
         self._lock = threading.Lock()
-        self._fn: Callable = self._first_call
+        self._fn: Callable = gm
         self.__name__ = f"partition_{record.partition_id}_{record.planned}"
         self.__qualname__ = self.__name__
         self.__module__ = __name__
         self._label = graph_label
         self._restride = _non_contiguous_outputs(gm)
+        self._specs = output_specs(gm)
+        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
+        self._tolerances = getattr(verify, "tolerances", None)
+        self._since_compile = 0  # calls of the current backend (verify `every`)
+        self._verify_pending = False  # verify `first`: the next call is checked
         self.timed = False  # set by a timed run (the report's per-partition times)
 
     def __call__(self, *args: Any) -> Any:
@@ -114,32 +151,71 @@ class Piece:
         return self._call(*args)
 
     def _call(self, *args: Any) -> Any:
-        try:
-            out = self._fn(*args)
-        except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
-            return self._demote(exc, args)
-        if self._restride:
-            out = list(out)
-            for k, size, stride in self._restride:
-                t = out[k]
-                if _strides_matter(size, t.stride(), stride):
-                    # Downstream views were traced against eager's strides (a transposed
-                    # layout, say); a backend that returns another layout gets one copy.
-                    fixed = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-                    fixed.copy_(t)
-                    out[k] = fixed
-                    self.record.restride_copies += 1
+        if self._level < 0:
+            with _compile_lock(), self._lock:
+                if self._level < 0:
+                    self._advance(args, None)
+        while True:
+            level, fn = self._level, self._fn
+            backend = self._backends[level]
+            if backend.inline_aten:
+                return fn(*args)  # eager ATen: its errors are the model's own
+            try:
+                out = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+                self._demote_from(level, "run", _reason(exc), args)
+                continue  # retry: the graphs are functional, the failed call changed nothing
+            if self._specs is not None:
+                why = check_meta(out, self._specs)
+                if why is not None:
+                    self._demote_from(level, "run", f"wrong output: {why}", args)
+                    continue
+            if self._verify_mode != "off" and self._due():
+                expected = self._verify(level, args, out)
+                if expected is not None:
+                    return expected
+            return self._restrided(out)
+
+    def _restrided(self, out: Any) -> Any:
+        if not self._restride:
+            return out
+        out = list(out)
+        for k, size, stride in self._restride:
+            t = out[k]
+            if _strides_matter(size, t.stride(), stride):
+                # Downstream views were traced against eager's strides (a transposed
+                # layout, say); a backend that returns another layout gets one copy.
+                fixed = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+                fixed.copy_(t)
+                out[k] = fixed
+                self.record.restride_copies += 1
         return out
 
-    # -- compile and demote --------------------------------------------------------
-    def _first_call(self, *args: Any) -> Any:
-        with self._lock:
-            if self._level < 0:
-                self._advance(args, None)
-        return self._fn(*args)
+    # -- accuracy checks -------------------------------------------------------------
+    def _due(self) -> bool:
+        if self._verify_mode == "first":
+            due, self._verify_pending = self._verify_pending, False
+            return due
+        n = self._since_compile
+        self._since_compile = n + 1
+        return n % self._verify_every == 0
 
+    def _verify(self, level: int, args: Sequence[Any], out: Any) -> Optional[list]:
+        """Compare ``out`` with eager ATen; on a mismatch demote and return eager's."""
+        expected = list(self.gm(*args))
+        cmp = compare(expected, list(out), self._tolerances)
+        rec = self.record
+        rec.verify_checks += 1
+        if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
+            rec.verify_max_error = cmp.max_error
+        if cmp.ok:
+            return None
+        self._demote_from(level, "verify", f"differs from eager: {cmp.detail}", args)
+        return expected
+
+    # -- compile and demote --------------------------------------------------------
     def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
-        """Compile the next backend of the chain that compiles; must hold the lock."""
+        """Compile the next backend of the chain that compiles; must hold the locks."""
         start = time.perf_counter()
         while True:
             self._level += 1
@@ -151,24 +227,30 @@ class Piece:
                 self._fn = self.gm
                 break
             try:
+                # Progress for long compiles (`arbiter report` shows these on stderr).
+                log.info("%s partition %d: compiling with %s", self._label,
+                         self.record.partition_id, backend.name)
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes():
                     self._fn = backend.compile(self.gm, list(args))
+                log.info("%s partition %d: compiled with %s in %.2f s", self._label,
+                         self.record.partition_id, backend.name, time.perf_counter() - start)
                 break
             except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
                 failure = (backend.name, ("compile", _reason(exc)))
                 log.debug("compile failure detail", exc_info=True)
+        self._since_compile = 0
+        self._verify_pending = not backend.inline_aten
         self.record.backend = backend.name
         self.record.compile_s += time.perf_counter() - start
 
-    def _demote(self, exc: Exception, args: Sequence[Any]) -> Any:
-        with self._lock:
-            if self._backends[self._level].inline_aten:
-                raise exc  # eager ATen itself failed: the model would fail without us too
-            failed = self._backends[self._level].name
-            self._advance(args, (failed, ("run", _reason(exc))))
-        return self._call(*args)
+    def _demote_from(self, level: int, stage: str, reason: str, args: Sequence[Any]) -> None:
+        """Move past the backend at ``level``, unless another thread already did."""
+        with _compile_lock(), self._lock:
+            if self._level == level:
+                failed = self._backends[level].name
+                self._advance(args, (failed, (stage, reason)))
 
     def _note(self, frm: str, to: str, stage: str, reason: str) -> None:
         self.record.fallbacks.append(Fallback(frm, to, stage, reason))

@@ -1,0 +1,350 @@
+"""Probing a backend with PyTorch's OpInfo samples, to verify its manifest.
+
+For each OpInfo (``torch.testing._internal.common_methods_invocations.op_db``) and each
+dtype to try, one sample is traced with ``make_fx`` to an ATen graph (tensor arguments
+become graph inputs; the backend's manifest decompositions applied, as the planner
+would), compiled by the backend alone (``backend.compile``, no fallback, so failures are
+visible) and run; its outputs are checked against the graph's traced metadata and
+against eager ATen on the same inputs (``arbiter.verify``, per-dtype tolerances).
+
+Blame and credit, per ATen overload:
+* a sample that passes credits every op of its graph with the dtypes of the tensors each
+  op read and wrote there;
+* a sample that fails blames its op only when its graph has a single op (a graph of
+  several ops says nothing about which one failed);
+* a sample is skipped when its graph holds an op that is not in the manifest, an
+  in-place or random op (arbiter never hands those to a backend), or when every
+  (op, dtype) in it has already passed.
+
+``write_manifest`` turns the result into manifest entries: ops that passed become
+``verified: probed`` with the dtypes that passed; ops whose single-op samples all failed
+are removed (listed with the reason under ``probe.failed``); every other entry stays
+``declared``. Samples are chosen one per (OpInfo, dtype) because compiling is the cost
+(ONNX export is 0.3-1 s per sample; Inductor compiles C++).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from .capability import is_mutating, is_random, tensor_descs
+from .manifest import DTYPES
+from .ops import op_name, packet_name
+from .registry import Backend
+from .runtime import _reason
+from .verify import check_meta, compare, dtype_name, output_specs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DTYPES = ("float32", "int64", "bool", "float16")
+
+
+@dataclass
+class SampleResult:
+    opinfo: str
+    dtype: str
+    ops: list[str]
+    status: str  # passed | failed | skipped
+    stage: str = ""  # trace | compile | run | meta | numbers | eager (why not passed)
+    reason: str = ""
+    max_error: Optional[float] = None
+
+
+@dataclass
+class ProbeResult:
+    backend: str
+    backend_version: str
+    torch_version: str
+    dtypes: list[str]
+    samples: list[SampleResult] = field(default_factory=list)
+    opinfos_done: int = 0
+    opinfos_total: int = 0
+    elapsed_s: float = 0.0
+    stopped_early: bool = False
+    passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))  # op -> dtypes
+    failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))  # op -> {dtype: reason}
+
+    def counts(self) -> dict[str, int]:
+        c = {"passed": 0, "failed": 0, "skipped": 0}
+        for s in self.samples:
+            c[s.status] += 1
+        return c
+
+    def summary(self) -> str:
+        c = self.counts()
+        failed_ops = [op for op in self.failed if op not in self.passed]
+        return (f"{self.backend}: {self.opinfos_done}/{self.opinfos_total} OpInfos, "
+                f"{c['passed'] + c['failed']} samples run ({c['passed']} passed, "
+                f"{c['failed']} failed, {c['skipped']} skipped) in {self.elapsed_s:.0f} s; "
+                f"{len(self.passed)} ops verified, {len(failed_ops)} ops failed every "
+                f"sample{' (stopped at the time limit)' if self.stopped_early else ''}")
+
+
+def opinfos(names: Optional[Sequence[str]] = None) -> list:
+    """OpInfos of PyTorch's op_db, optionally only those matching ``names`` (an OpInfo
+    name such as ``nn.functional.gelu``, or an ATen op ``aten.gelu[.overload]``)."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError as exc:  # expecttest is what is usually missing
+        from .errors import ArbiterError
+
+        raise ArbiterError(f"cannot import PyTorch's OpInfo database ({exc}); install the "
+                           "test extra: pip install 'torch-arbiter[test]'") from None
+    if not names:
+        return list(op_db)
+    wanted = set()
+    for n in names:
+        wanted.add(n)
+        if n.startswith("aten."):
+            wanted.add(n.split(".")[1])
+    return [o for o in op_db if o.name in wanted or o.aten_name in wanted
+            or (o.name.rsplit(".", 1)[-1] in wanted and o.name.startswith("nn.functional"))]
+
+
+def _pick_sample(opinfo, dtype: torch.dtype):
+    """The first sample whose input has more than one element, else the first sample."""
+    torch.manual_seed(0)
+    first = None
+    for k, s in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
+        if first is None:
+            first = s
+        if isinstance(s.input, torch.Tensor) and s.input.numel() > 1:
+            return s
+        if k >= 8:
+            break
+    return first
+
+
+def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
+    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    tensors = [leaves[i].detach().clone() for i in idx]
+
+    def fn(*ts):
+        vals = list(leaves)
+        for i, t in zip(idx, ts):
+            vals[i] = t
+        inp, args, kwargs = pytree.tree_unflatten(vals, spec)
+        out = opinfo.op(inp, *args, **kwargs)
+        flat = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if not flat:
+            raise TypeError("the op returned no tensor")
+        return tuple(flat)
+
+    gm = make_fx(fn, tracing_mode="fake", decomposition_table=decompositions or {})(*tensors)
+    return gm, tensors
+
+
+def _graph_ops(gm: torch.fx.GraphModule) -> tuple[list[torch.fx.Node], Optional[str]]:
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            return [], f"non-ATen node {n.format_node()[:80]}"
+        if is_mutating(n):
+            return [], f"{op_name(n.target)} mutates its input (never handed to a backend)"
+        if is_random(n):
+            return [], f"{op_name(n.target)} is random (never handed to a backend)"
+        nodes.append(n)
+    if not nodes:
+        return [], "the graph has no ATen op"
+    return nodes, None
+
+
+def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                 tolerances: Optional[dict] = None) -> tuple[str, str, str, Optional[float]]:
+    """(status, stage, reason, max_error) for one traced sample through ``backend``."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    specs = output_specs(gm)
+    try:
+        expected = gm(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - eager itself failed: no reference
+        return "skipped", "eager", _reason(exc), None
+    try:
+        with _disable_current_modes(), _quiet_warnings():
+            fn = backend.compile(gm, [t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
+        return "failed", "compile", _reason(exc), None
+    try:
+        with _quiet_warnings():
+            got = fn(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001
+        return "failed", "run", _reason(exc), None
+    if specs is not None:
+        why = check_meta(got, specs)
+        if why is not None:
+            return "failed", "meta", why, None
+    cmp = compare(list(expected), list(got), tolerances)
+    if not cmp.ok:
+        return "failed", "numbers", cmp.detail, cmp.max_error
+    return "passed", "", "", cmp.max_error
+
+
+@contextlib.contextmanager
+def _quiet_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
+          dtypes: Sequence[str] = DEFAULT_DTYPES, limit_s: Optional[float] = None,
+          progress: Optional[Callable[[ProbeResult, str], None]] = None,
+          tolerances: Optional[dict] = None) -> ProbeResult:
+    """Probe ``backend`` with OpInfo samples; see the module docstring."""
+    from .lowering import decomposition_table
+
+    manifest = backend.manifest()
+    decomps = decomposition_table(manifest.decompositions)
+    result = ProbeResult(backend.name, backend.version(), torch.__version__, list(dtypes))
+    infos = opinfos(ops)
+    result.opinfos_total = len(infos)
+    start = time.perf_counter()
+    for info in infos:
+        if limit_s is not None and time.perf_counter() - start > limit_s:
+            result.stopped_early = True
+            break
+        label = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+        supported = info.supported_dtypes("cpu")
+        for dname in dtypes:
+            dtype = DTYPES[dname]
+            if dtype not in supported:
+                continue
+            result.samples.append(_one(backend, manifest, info, label, dname, dtype,
+                                       decomps, result, tolerances))
+        result.opinfos_done += 1
+        result.elapsed_s = time.perf_counter() - start
+        if progress is not None:
+            progress(result, label)
+    result.elapsed_s = time.perf_counter() - start
+    return result
+
+
+def _one(backend, manifest, info, label, dname, dtype, decomps, result, tolerances) -> SampleResult:
+    try:
+        sample = _pick_sample(info, dtype)
+        if sample is None:
+            return SampleResult(label, dname, [], "skipped", "trace", "no sample")
+        gm, inputs = trace_sample(info, sample, decomps)
+    except Exception as exc:  # noqa: BLE001 - OpInfo samples some ops cannot trace
+        return SampleResult(label, dname, [], "skipped", "trace", _reason(exc))
+    nodes, why = _graph_ops(gm)
+    if why is not None:
+        return SampleResult(label, dname, [], "skipped", "trace", why)
+    names = [op_name(n.target) for n in nodes]
+    missing = sorted({n for n in names if manifest.entry(n) is None})
+    if missing:
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "manifest",
+                            f"not in the manifest: {', '.join(missing[:5])}")
+    memo: dict = {}
+    credit = {(op_name(n.target), d.dtype) for n in nodes for d in tensor_descs(n, memo)}
+    if all(dt in result.passed.get(op, ()) for op, dt in credit):
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "covered",
+                            "every (op, dtype) already passed")
+    status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
+    if status == "passed":
+        for op, dt in credit:
+            result.passed[op].add(dtype_name(dt))
+    elif status == "failed" and len(set(names)) == 1:
+        result.failed[names[0]].setdefault(dname, f"{stage}: {reason}")
+    return SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
+
+
+def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:
+    """A progress callback printing ``done/total, samples, ETA`` to stderr."""
+    last = [0.0]
+
+    def show(result: ProbeResult, label: str) -> None:
+        now = time.perf_counter()
+        done, total = result.opinfos_done, result.opinfos_total
+        if now - last[0] < every_s and done != total:
+            return
+        last[0] = now
+        c = result.counts()
+        eta = result.elapsed_s / done * (total - done) if done else 0.0
+        print(f"[probe {result.backend}] {done}/{total} OpInfos ({label}); samples: "
+              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped; "
+              f"{result.elapsed_s:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+
+    return show
+
+
+# -- manifest entries from a probe ------------------------------------------------------
+def manifest_update(doc: dict, result: ProbeResult) -> dict:
+    """A manifest document (as loaded from YAML) updated with a probe's findings."""
+    ops: dict = dict(doc.get("ops") or {})
+    order = list(DTYPES)
+    for op, dts in result.passed.items():
+        key = op  # an overload: a probe verifies overloads, not whole packets
+        entry = dict(ops.get(key) or ops.get(packet_name(op)) or {})
+        entry["dtypes"] = sorted(dts, key=order.index)
+        entry["verified"] = "probed"
+        ops[key] = entry
+    failed = {}
+    for op, per_dtype in sorted(result.failed.items()):
+        if op in result.passed:
+            continue
+        dname, reason = next(iter(per_dtype.items()))
+        failed[op] = f"{dname}: {reason}"[:300]
+        ops.pop(op, None)
+    out = dict(doc)
+    out["ops"] = dict(sorted(ops.items()))
+    c = result.counts()
+    out["probe"] = {
+        "date": datetime.date.today().isoformat(),
+        "torch": result.torch_version,
+        "backend_version": result.backend_version,
+        "dtypes_tried": list(result.dtypes),
+        "opinfos": f"{result.opinfos_done}/{result.opinfos_total}",
+        "samples_passed": c["passed"],
+        "samples_failed": c["failed"],
+        "samples_skipped": c["skipped"],
+        "failed": failed,
+    }
+    return out
+
+
+def write_manifest(path, result: ProbeResult, out=None) -> str:
+    """Rewrite the manifest at ``path`` (or write to ``out``) with a probe's findings;
+    returns the new text."""
+    from pathlib import Path
+
+    import yaml
+
+    from .manifest import parse_manifest
+
+    path = Path(path)
+    text = path.read_text()
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    doc = manifest_update(yaml.safe_load(text) or {}, result)
+    body = yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
+    new = header + body
+    parse_manifest(new, str(path), backend=result.backend)  # never write what cannot load
+    Path(out or path).write_text(new)
+    return new
+
+
+def summarize_failures(samples: Iterable[SampleResult], limit: int = 20) -> list[str]:
+    out = []
+    for s in samples:
+        if s.status == "failed":
+            out.append(f"{s.opinfo} [{s.dtype}] {s.stage}: {s.reason[:160]}")
+    return out[:limit]
