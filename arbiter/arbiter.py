@@ -141,8 +141,9 @@ class Arbiter:
             # and times them all on the first call (see measure.py).
             plan = choose_by_cost(cands).plan if policy == "cost" else cands[0].plan
             plan.policy = policy
-            plan.candidates_ms = {c.label: None for c in cands}
-            plan.estimates_ms = {c.label: round(c.estimate_ms, 4) for c in cands}
+            plan.candidates_ms = {label: None for c in cands for label in c.labels}
+            plan.estimates_ms = {label: round(c.estimate_ms, 4)
+                                 for c in cands for label in c.labels}
             if policy == "cost":
                 plan.chosen = choose_by_cost(cands).label
         plan_s = time.perf_counter() - start

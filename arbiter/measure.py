@@ -190,8 +190,9 @@ class MeasuredGraph:
             got = {b: round(ms, 4) for (b, ns), ms in per_part.items() if ns == names}
             if got:
                 plan.measured_ms[part.id] = got
-        plan.candidates_ms = {c.label: (round(c.measured_ms, 4) if c.measured_ms is not None
-                                        else None) for c in self.candidates}
+        plan.candidates_ms = {label: (round(c.measured_ms, 4) if c.measured_ms is not None
+                                      else None)
+                              for c in self.candidates for label in c.labels}
         plan.chosen = chosen.label
         self._arb._replace_plan(self._record, plan, records)
         self.chosen = chosen

@@ -10,12 +10,12 @@ Every single-backend placement is a candidate, so a policy choosing the cheapest
 (`cost`) or the fastest measured end to end (`measure`, see ``measure.py``) never picks
 something slower than the best single backend by its own yardstick; boundary costs are in
 the yardstick (the cost model counts crossings; an end-to-end timing includes them).
-Plans equal to an earlier candidate are dropped (``as_lists`` equal), so nothing is
-compiled or timed twice.
+A plan equal to an earlier candidate (``as_lists`` equal) is not kept twice: its label
+goes to the earlier one's ``also``, so nothing is compiled or timed twice.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch.fx
@@ -37,6 +37,11 @@ class Candidate:
     plan: Plan
     estimate_ms: float
     measured_ms: Optional[float] = None  # median of an end-to-end timing, when measured
+    also: list[str] = field(default_factory=list)  # labels of candidates equal to this one
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.label, *self.also]
 
 
 def candidates(arb: "Arbiter", gm: torch.fx.GraphModule) -> list[Candidate]:
@@ -56,9 +61,10 @@ def candidates(arb: "Arbiter", gm: torch.fx.GraphModule) -> list[Candidate]:
     for label, plan in plans:
         key = tuple((b, tuple(names_)) for b, names_ in plan.as_lists())
         if key in seen:
+            seen[key].also.append(label)
             continue
-        seen[key] = label
-        out.append(Candidate(label, plan, plan_ms(plan, inline)))
+        seen[key] = Candidate(label, plan, plan_ms(plan, inline))
+        out.append(seen[key])
     return out
 
 

@@ -1,0 +1,172 @@
+"""Policies `measure` and `cost` (arbiter/policy.py, arbiter/measure.py, arbiter/cost.py).
+
+The backends here are test backends whose speed is set by the test (one sleeps in every
+call), so the assertions are about behaviour: which candidates exist, which were timed,
+that the fastest measured one is chosen, that the budget and the decision cache are
+honoured. Nothing here asserts a real backend's speed.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import arbiter
+from arbiter.cost import load_table, node_work, plan_ms
+from arbiter.policy import candidates, choose_by_cost
+
+from conftest import check_plan_invariants, trace
+
+OPS = ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor"]
+SLOW_S = 0.004
+
+
+def f(x):
+    return torch.relu(x * 2 + 1) + x
+
+
+def _slow(self, gm, example_inputs):
+    def fn(*args):
+        time.sleep(SLOW_S)
+        return gm(*args)
+    return fn
+
+
+def _config(tmp_path, policy="measure", **measure):
+    return {"backends": ["slow", "fast"], "policy": policy, "min_block_size": 1,
+            "measure": {"repeats": 3, "warmup": 1, **measure},
+            "cache": {"dir": str(tmp_path / "cache")}}
+
+
+@pytest.fixture
+def slow_fast(make_backend):
+    slow = make_backend("slow", OPS, compile=_slow)
+    fast = make_backend("fast", OPS)
+    return slow, fast
+
+
+def _plan(be):
+    (g,) = be._graphs
+    return g.plan
+
+
+def test_every_single_backend_placement_is_a_candidate(slow_fast):
+    be = arbiter.Arbiter({"backends": ["slow", "fast"], "min_block_size": 1})
+    gm = trace(f, torch.randn(4, 8))
+    cands = candidates(be, gm)
+    labels = [lab for c in cands for lab in c.labels]
+    assert labels[0] == "priority"
+    assert {"only slow", "only fast"} <= set(labels)
+    for c in cands:
+        check_plan_invariants(c.plan, gm)
+    only_fast = next(c for c in cands if "only fast" in c.labels)
+    assert {p.backend for p in only_fast.plan.partitions} == {"fast"}
+
+
+def test_measure_chooses_the_fastest_measured(slow_fast, tmp_path, fresh_dynamo):
+    slow, fast = slow_fast
+    be = arbiter.Arbiter(_config(tmp_path))
+    x = torch.randn(4, 8)
+    out = torch.compile(f, backend=be)(x)
+    torch.testing.assert_close(out, f(x))
+    plan = _plan(be)
+    assert plan.policy == "measure"
+    times = plan.candidates_ms
+    # priority == only slow (config order): measured; only fast: measured
+    assert set(times) == {"priority", "only slow", "only fast"}
+    assert all(v is not None for v in times.values()), times
+    assert plan.chosen == min(times, key=lambda k: (times[k], k != "only fast"))
+    assert plan.chosen == "only fast"
+    assert times["only slow"] >= SLOW_S * 1e3
+    assert {p.backend for p in plan.partitions} == {"fast"}
+    # the report shows the chosen plan and what it measured
+    part = be.report().graphs[0].partitions[0]
+    assert part.planned_backend == "fast" and part.backend == "fast"
+    assert part.measured_ms.get("fast") is not None
+
+
+def test_pieces_are_shared_between_candidates_and_the_final_plan(slow_fast, tmp_path, fresh_dynamo):
+    slow, fast = slow_fast
+    be = arbiter.Arbiter(_config(tmp_path))
+    fn = torch.compile(f, backend=be)
+    x = torch.randn(4, 8)
+    fn(x)
+    fn(x)
+    # one compile per backend: the winner's piece was compiled while measuring
+    assert len(fast.compiled) == 1 and len(slow.compiled) == 1
+
+
+def test_budget_leaves_the_rest_to_the_cost_estimate(slow_fast, tmp_path, fresh_dynamo):
+    be = arbiter.Arbiter(_config(tmp_path, time_budget_s=1e-6))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    times = _plan(be).candidates_ms
+    assert times["priority"] is not None  # priority is always measured
+    assert times["only fast"] is None  # budget spent before it started
+    assert len(slow_fast[1].compiled) <= 1  # compiled only if chosen
+
+
+def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fresh_dynamo):
+    slow, fast = slow_fast
+    x = torch.randn(4, 8)
+    be = arbiter.Arbiter(_config(tmp_path))
+    torch.compile(f, backend=be)(x)
+    assert _plan(be).chosen == "only fast"
+    torch._dynamo.reset()
+    slow.compiled.clear()
+    fast.compiled.clear()
+    be2 = arbiter.Arbiter(_config(tmp_path))
+    out = torch.compile(f, backend=be2)(x)
+    torch.testing.assert_close(out, f(x))
+    assert _plan(be2).chosen == "only fast"
+    assert slow.compiled == []  # nothing was timed again
+    assert len(fast.compiled) == 1
+    assert be2.cache.hits >= 1
+
+
+def test_measuring_leaves_the_rng_stream_as_eager(make_backend, tmp_path, fresh_dynamo):
+    make_backend("slow", OPS, compile=_slow)
+    make_backend("fast", OPS)
+
+    def g(x):
+        return torch.relu(x * 2) + torch.rand_like(x)
+
+    be = arbiter.Arbiter(_config(tmp_path))
+    x = torch.randn(4, 8)
+    fn = torch.compile(g, backend=be)
+    torch.manual_seed(0)
+    got = fn(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(got, g(x))
+
+
+def test_policy_cost_picks_the_lowest_estimate(slow_fast, fresh_dynamo):
+    be = arbiter.Arbiter({"backends": ["slow", "fast"], "policy": "cost", "min_block_size": 1})
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    plan = _plan(be)
+    assert plan.policy == "cost"
+    assert plan.estimates_ms[plan.chosen] == min(plan.estimates_ms.values())
+    assert all(v is None for v in plan.candidates_ms.values())  # nothing was timed
+
+
+def test_cost_model_counts_flops_bytes_and_boundaries():
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    gm = trace(lambda a, b: torch.relu(a @ b), a, b)
+    mm, relu = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert node_work(mm) == (2.0 * 16 * 8 * 32, 0.0)
+    assert node_work(relu) == (0.0, 2.0 * 16 * 8 * 4)
+    table = load_table()
+    assert table.boundary_us >= 0 and table.of("no-such-backend") == table.default
+    be = arbiter.Arbiter({"backends": ["inductor"], "min_block_size": 1})
+    plan = be.plan(gm)
+    assert plan_ms(plan, {"eager"}) > 0
+
+
+def test_choose_by_cost_breaks_ties_by_order(slow_fast):
+    be = arbiter.Arbiter({"backends": ["slow", "fast"], "min_block_size": 1})
+    cands = candidates(be, trace(f, torch.randn(4, 8)))
+    for c in cands:
+        c.estimate_ms = 1.0
+    assert choose_by_cost(cands) is cands[0]
