@@ -187,9 +187,10 @@ def _output_vals(gm: torch.fx.GraphModule) -> list:
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     vals = out.meta.get("val")
     if vals is None:
+        res = out.args[0]
         vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                     for a in out.args[0])
-    return list(vals)
+                     for a in (res if isinstance(res, (tuple, list)) else (res,)))
+    return list(vals) if isinstance(vals, (tuple, list)) else [vals]
 
 
 class OvRunner:

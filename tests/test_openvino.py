@@ -1,0 +1,158 @@
+"""The OpenVINO backend: eager's results alone and split with others, float32 in force,
+zero-copy inputs and outputs, per-thread requests, its cache dir, and fallbacks for
+partitions OpenVINO cannot convert."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+pytest.importorskip("openvino", reason="openvino is not installed: pip install "
+                    "'torch-arbiter[openvino]'")
+
+import arbiter  # noqa: E402
+from arbiter import examples  # noqa: E402
+from arbiter.backends.openvino import OpenVino, OvOptions  # noqa: E402
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _run(model_name: str, config: dict):
+    torch._dynamo.reset()
+    model, args = getattr(examples, model_name)()
+    model.eval()
+    be = arbiter.Arbiter(config)
+    with torch.no_grad():
+        ref = model(*args)
+        out = torch.compile(model, backend=be)(*args)
+    torch._dynamo.reset()
+    return out, ref, be.report()
+
+
+def _parts(rep):
+    return [p for g in rep.graphs for p in g.partitions]
+
+
+@pytest.mark.parametrize("name", ["mlp", "encoder_block", "small_cnn"])
+def test_alone_matches_eager(name):
+    out, ref, rep = _run(name, {"backends": ["openvino"], "min_block_size": 1})
+    torch.testing.assert_close(out, ref, **TOL)
+    parts = _parts(rep)
+    assert any(p.backend == "openvino" for p in parts), str(rep)
+    assert not [f for p in parts for f in p.fallbacks], str(rep)
+
+
+@pytest.mark.parametrize("name", ["encoder_block", "small_cnn"])
+def test_split_with_other_backends_matches_eager(name):
+    # softmax / max-pool only in eager, linear layers pinned to ONNX Runtime: three
+    # backends in one graph.
+    cfg = {"backends": ["openvino", "onnxruntime"], "min_block_size": 1,
+           "exclude_ops": ["aten._softmax", "aten.max_pool2d_with_indices"],
+           "pin": {"aten.addmm": "onnxruntime"}}
+    out, ref, rep = _run(name, cfg)
+    torch.testing.assert_close(out, ref, **TOL)
+    used = {p.backend for p in _parts(rep)}
+    assert {"openvino", "onnxruntime", "eager"} <= used, str(rep)
+    assert not [f for p in _parts(rep) for f in p.fallbacks], str(rep)
+
+
+def _tiny():
+    def f(x, w):
+        return (torch.relu(x @ w) + 1,)
+
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    return f, make_fx(f, tracing_mode="fake")(x, w), x, w
+
+
+def test_float32_is_in_force_by_default_and_inputs_outputs_share_memory():
+    f, gm, x, w = _tiny()
+    runner = OpenVino().compile(gm, [x, w])
+    assert str(runner.compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>"
+    (out,) = runner(x, w)
+    torch.testing.assert_close(out, f(x, w)[0], **TOL)
+    req = runner._request()
+    assert req.get_input_tensor(0).data.ctypes.data == x.data_ptr()
+    assert req.get_output_tensor(0).data.ctypes.data == out.data_ptr()
+    assert runner.input_copies == 0
+
+
+def test_non_contiguous_input_is_copied_once_and_correct():
+    f, gm, x, w = _tiny()
+    runner = OpenVino().compile(gm, [x, w])
+    xt = torch.randn(8, 4).t()
+    torch.testing.assert_close(runner(xt, w)[0], f(xt, w)[0], **TOL)
+    assert runner.input_copies == 1
+
+
+def test_precision_option_reaches_the_plugin():
+    import openvino as ov
+
+    _, gm, x, w = _tiny()
+    supported = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" not in supported:
+        pytest.skip(f"this CPU has no bf16 support in OpenVINO ({supported})")
+    runner = OpenVino(OvOptions(precision="bf16")).compile(gm, [x, w])
+    assert str(runner.compiled.get_property("INFERENCE_PRECISION_HINT")) == "<Type: 'bfloat16'>"
+
+
+def test_cache_dir_gets_files(tmp_path):
+    _, gm, x, w = _tiny()
+    OpenVino(OvOptions(cache_dir=str(tmp_path))).compile(gm, [x, w])
+    assert any(p.stat().st_size > 0 for p in tmp_path.iterdir())
+
+
+def test_one_request_per_thread():
+    f, gm, x, w = _tiny()
+    runner = OpenVino().compile(gm, [x, w])
+    inputs = [torch.randn(4, 8) for _ in range(8)]
+    results: dict[int, torch.Tensor] = {}
+
+    def work(i):
+        for _ in range(20):
+            results[i] = runner(inputs[i], w)[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x_i in enumerate(inputs):
+        torch.testing.assert_close(results[i], f(x_i, w)[0], **TOL)
+
+
+class _CatEmpty(torch.nn.Module):
+    # transformers' DynamicCache starts from a 1-D empty tensor and cats onto it
+    def forward(self, x):
+        y = torch.relu(x) * 2
+        return torch.cat([torch.tensor([]), y], dim=-2) + 1
+
+
+def test_validator_refuses_cat_with_legacy_empty_tensor():
+    x = torch.randn(1, 4, 8, 8)
+    out, rep = _compile_cat(x, {"backends": ["openvino"], "min_block_size": 1})
+    torch.testing.assert_close(out, _CatEmpty()(x))
+    assert "OpenVINO's Concat rejects it" in str(rep)
+    assert not [f for p in _parts(rep) for f in p.fallbacks], str(rep)
+
+
+def test_partition_openvino_cannot_convert_falls_back(monkeypatch):
+    # Without its validator the cat reaches OpenVINO, whose frontend fails: the partition
+    # must fall back to eager, give eager's result, and the report must say why.
+    monkeypatch.setattr(OpenVino, "validators", {})
+    x = torch.randn(1, 4, 8, 8)
+    out, rep = _compile_cat(x, {"backends": ["openvino"], "min_block_size": 1})
+    torch.testing.assert_close(out, _CatEmpty()(x))
+    falls = [f for p in _parts(rep) for f in p.fallbacks]
+    assert falls and falls[0].from_backend == "openvino" and falls[0].stage == "compile"
+    assert "could not convert" in falls[0].reason and "aten.cat" in falls[0].reason
+
+
+def _compile_cat(x, cfg):
+    torch._dynamo.reset()
+    be = arbiter.Arbiter(cfg)
+    with torch.no_grad():
+        out = torch.compile(_CatEmpty(), backend=be)(x)
+    torch._dynamo.reset()
+    return out, be.report()
