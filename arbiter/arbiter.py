@@ -13,6 +13,7 @@ Call hierarchy for one Dynamo graph::
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
 from collections import Counter
@@ -81,6 +82,8 @@ class Arbiter:
                                      pin=self.config.pin, unavailable=self.unavailable)
         self._graphs: list[_GraphRecord] = []
         self._lock = threading.Lock()
+        self._pieces: list[Piece] = []  # every compiled-by-a-backend piece (set_timing)
+        self._timed = False
         names = list(self.config.decompositions)
         for backend in chain:
             if backend.name not in self.unavailable:
@@ -192,6 +195,7 @@ class Arbiter:
                 sub = extract(plan, part, constants)
                 piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
                 piece.node_names = names  # measure.py keys per-partition timings by it
+                self._track(piece)
                 pieces[key] = (sub, piece)
             sub, piece = pieces[key]
             records[part.id] = piece.record
@@ -208,18 +212,58 @@ class Arbiter:
             record.records = records
 
     # -- reporting -------------------------------------------------------------------
-    def report(self) -> Report:
-        """What ran where: built from the live records, so fallbacks show at once."""
+    def set_timing(self, on: bool) -> None:
+        """Time every piece's calls (``calls``/``run_s`` in the report) from now on.
+
+        Applies to pieces compiled later too. Inline (eager) partitions are not pieces:
+        their time is only part of the whole call's."""
+        with self._lock:
+            self._timed = bool(on)
+            for piece in self._pieces:
+                piece.timed = self._timed
+
+    def _track(self, piece: Piece) -> None:
+        with self._lock:
+            piece.timed = self._timed
+            self._pieces.append(piece)
+
+    def report(self, *, advice: bool = True) -> Report:
+        """What ran where: built from the live records, so fallbacks show at once.
+
+        ``advice`` replans each graph under other settings (fast: planning is linear)."""
+        from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
+        from .report_advice import advise
+
         statuses = []
+        versions = {"python": platform.python_version(), "torch": torch.__version__,
+                    "arbiter": _arbiter_version()}
         for name, backend in self.backends.items():
             ok = name not in self.unavailable
+            version = _safe_version(backend) if ok else None
             statuses.append(BackendStatus(name=name, available=ok,
                                           reason=self.unavailable.get(name, ""),
-                                          version=_safe_version(backend) if ok else None))
+                                          version=version))
+            versions[name] = version or ("unavailable" if not ok else "unknown")
         with self._lock:
             graphs = list(self._graphs)
+        tips = advise([g.plan for g in graphs], self.table, self.config.min_block_size,
+                      (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
         return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
-                      graphs=[_graph_report(g) for g in graphs])
+                      config_dump=self.config.model_dump(mode="json"), versions=versions,
+                      advice=tips, graphs=[_graph_report(g, self.backends) for g in graphs],
+                      resources={} if self.dry_run else _resources_in_force())
+
+
+def _resources_in_force() -> dict:
+    from .resources import in_force
+
+    return in_force()
+
+
+def _arbiter_version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def _safe_version(backend: Backend) -> Optional[str]:
@@ -229,11 +273,14 @@ def _safe_version(backend: Backend) -> Optional[str]:
         return None
 
 
-def _graph_report(g: _GraphRecord) -> GraphReport:
+def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
+    from .report_build import boundaries, coverage, node_reports, op_reports
+
     parts = []
     for p in g.plan.partitions:
         rec = g.records[p.id]
         compute = [n for n in p.nodes if not is_getitem(n)]
+        inputs, outputs = boundaries(p)
         parts.append(PartitionReport(
             id=p.id, planned_backend=p.backend,
             backend=rec.backend or "(not compiled yet)",
@@ -244,15 +291,27 @@ def _graph_report(g: _GraphRecord) -> GraphReport:
             compile_s=round(rec.compile_s, 4), calls=rec.calls, run_s=round(rec.run_s, 6),
             copies=rec.copies, restride_copies=rec.restride_copies,
             verify_checks=rec.verify_checks, verify_max_error=rec.verify_max_error,
-            measured_ms=g.plan.measured_ms.get(p.id, {})))
+            measured_ms=g.plan.measured_ms.get(p.id, {}),
+            inputs=inputs, outputs=outputs,
+            bytes_in=sum(t.bytes or 0 for t in inputs if t.source == "partition"),
+            graph_input_bytes=sum(t.bytes or 0 for t in inputs if t.source == "graph input"),
+            bytes_out=sum(t.bytes or 0 for t in outputs),
+            inline=backends[p.backend].inline_aten if p.backend in backends else False))
     refusals: Counter = Counter()
     for node, sup in g.plan.support.items():
         if is_getitem(node):
             continue
         for backend, reason in sup.refusals.items():
             refusals[(op_name(node.target), backend, reason)] += 1
+    placement: Counter = Counter()
+    for x in parts:
+        # Not compiled yet (a dry run, or before the first call): the plan, labelled so.
+        placement[x.backend if x.backend != "(not compiled yet)"
+                  else f"{x.planned_backend} (planned)"] += x.nodes
     return GraphReport(
         graph_id=g.graph_id, kind=g.kind, nodes=sum(x.nodes for x in parts), partitions=parts,
         refusals=[RefusalReport(op=o, backend=b, reason=r, nodes=c)
                   for (o, b, r), c in sorted(refusals.items())],
-        constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy)
+        constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy,
+        ops=op_reports(g.plan, backends), coverage=coverage(g.plan, backends),
+        placement=dict(sorted(placement.items())), graph=node_reports(g.plan))

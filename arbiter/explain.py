@@ -6,20 +6,42 @@ from typing import Any
 import torch
 
 from .config import ConfigLike
-from .report import Report
+from .report import GraphBreakReport, Report
+
+
+def graph_breaks(model: Any, *inputs: Any) -> GraphBreakReport:
+    """Dynamo's graph breaks for ``model(*inputs)``, from ``torch._dynamo.explain``.
+
+    PyTorch's explain resets Dynamo's caches before and after (models compiled earlier
+    in the process recompile on their next call): call it before compiling.
+    """
+    out = torch._dynamo.explain(model)(*inputs)
+    reasons = []
+    for r in out.break_reasons:
+        frames = getattr(r, "user_stack", None) or []
+        where = f" [{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}]" \
+            if frames else ""
+        text = str(getattr(r, "reason", r)).strip().splitlines()
+        reasons.append(f"{text[0][:300] if text else '?'}{where}")
+    return GraphBreakReport(graphs=out.graph_count, breaks=out.graph_break_count,
+                            reasons=reasons)
 
 
 def explain(model: torch.nn.Module, *inputs: Any, config: ConfigLike = None,
-            backward: bool = True, dynamic: bool | None = None) -> Report:
+            backward: bool = True, dynamic: bool | None = None,
+            breaks: bool = True) -> Report:
     """What torch.compile(model, backend=Arbiter(config)) would do, without compiling.
 
     The model runs once in eager under Dynamo and AOTAutograd (so graph breaks and the
     backward graph are seen); no backend compiles anything. With ``backward`` and
     outputs that need gradients, the backward graph is traced too, through
-    ``torch.autograd.grad`` (no ``.grad`` of the model is touched).
+    ``torch.autograd.grad`` (no ``.grad`` of the model is touched). With ``breaks``,
+    Dynamo's graph breaks are counted first by ``torch._dynamo.explain``, which resets
+    Dynamo's caches (see ``graph_breaks``).
     """
     from .arbiter import Arbiter
 
+    found = graph_breaks(model, *inputs) if breaks else None
     be = Arbiter(config, dry_run=True)
     compiled = torch.compile(model, backend=be, dynamic=dynamic)
     out = compiled(*inputs)
@@ -30,7 +52,9 @@ def explain(model: torch.nn.Module, *inputs: Any, config: ConfigLike = None,
         if flat and wrt:
             torch.autograd.grad(flat, wrt, [torch.ones_like(t) for t in flat],
                                 allow_unused=True)
-    return be.report()
+    report = be.report()
+    report.graph_breaks = found
+    return report
 
 
 def partition(graph_module: torch.fx.GraphModule, config: ConfigLike = None):

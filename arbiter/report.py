@@ -13,6 +13,21 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field
 
 
+#: Bumped when a field is renamed or removed (adding fields keeps it); docs/report.md.
+SCHEMA_VERSION = 1
+
+
+class TensorReport(BaseModel):
+    """One value crossing a partition boundary."""
+
+    name: str = Field(description="the FX node that produces the value")
+    shape: list[Any] = Field(description="sizes; symbolic sizes are strings (`s0`)")
+    dtype: str
+    bytes: Optional[int] = Field(None, description="size in bytes; None when symbolic")
+    source: str = Field("partition", description="`partition` (another partition's "
+                        "output), `graph input`, or `graph output` for outputs")
+
+
 class FallbackReport(BaseModel):
     from_backend: str
     to_backend: str
@@ -39,6 +54,17 @@ class PartitionReport(BaseModel):
     verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
     measured_ms: dict[str, float] = Field(default_factory=dict,
                                           description="backend -> median ms, where measured")
+    inputs: list[TensorReport] = Field(default_factory=list,
+                                       description="values flowing in, in call order")
+    outputs: list[TensorReport] = Field(default_factory=list,
+                                        description="values used outside the partition")
+    bytes_in: int = Field(0, description="bytes read from other partitions (graph inputs "
+                                         "not counted; see graph_input_bytes)")
+    graph_input_bytes: int = Field(0, description="bytes read from graph inputs (weights "
+                                                  "included unless frozen as constants)")
+    bytes_out: int = Field(0, description="bytes produced for other partitions or the output")
+    inline: bool = Field(False, description="runs as ATen nodes inside the stitched graph "
+                                            "(eager); timed only as part of the whole call")
 
 
 class RefusalReport(BaseModel):
@@ -46,6 +72,34 @@ class RefusalReport(BaseModel):
     backend: str
     reason: str
     nodes: int
+
+
+class OpReport(BaseModel):
+    """One ATen op of a graph: who could run it, who got it, who refused and why."""
+
+    op: str
+    nodes: int
+    able: list[str] = Field(description="backends able to run at least one of its nodes, "
+                                        "in config order")
+    conditions: dict[str, str] = Field(default_factory=dict,
+                                       description="backend -> the manifest's conditions "
+                                                   "(dtypes, devices, dynamic, max_rank)")
+    placed: dict[str, int] = Field(default_factory=dict,
+                                   description="backend -> nodes of this op it runs")
+    refused: dict[str, str] = Field(default_factory=dict,
+                                    description="backend -> why it refused (first reason)")
+
+
+class NodeReport(BaseModel):
+    """One node of the graph, for drawing it (the HTML page)."""
+
+    name: str
+    op: str
+    partition: int
+    inputs: list[str] = Field(description="names of the nodes it reads (graph inputs "
+                                          "appear as `input:<name>`)")
+    shape: list[Any] = Field(default_factory=list)
+    dtype: str = ""
 
 
 class GraphReport(BaseModel):
@@ -58,6 +112,12 @@ class GraphReport(BaseModel):
     constants: int = Field(0, description="weights handed to backends as constants")
     plan_s: float = 0.0
     policy: str = "priority"
+    ops: list[OpReport] = Field(default_factory=list, description="per ATen op, by count")
+    coverage: dict[str, float] = Field(default_factory=dict,
+                                       description="backend -> % of compute nodes it could run")
+    placement: dict[str, int] = Field(default_factory=dict,
+                                      description="backend -> compute nodes it runs now")
+    graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
 
     def backends_used(self) -> list[str]:
         return sorted({p.backend for p in self.partitions})
@@ -70,8 +130,43 @@ class BackendStatus(BaseModel):
     version: Optional[str] = None
 
 
+class GraphBreakReport(BaseModel):
+    """What Dynamo made of the model (``torch._dynamo.explain``)."""
+
+    graphs: int = Field(description="graphs Dynamo captured")
+    breaks: int = Field(description="graph breaks")
+    reasons: list[str] = Field(default_factory=list, description="why, with user frames")
+
+
+class AdviceReport(BaseModel):
+    """A suggestion computed from the plan (by replanning), not a canned tip."""
+
+    kind: str = Field(description="`min_block_size` or `op_support`")
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class TimingReport(BaseModel):
+    """A timed run: whole calls, and the partitions' share of them."""
+
+    calls: int
+    total_s: float = Field(description="wall time of all timed calls")
+    pieces_s: float = Field(description="time inside non-inline partitions")
+    note: str = ""
+
+
 class Report(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    label: str = Field("", description="the config's name in a side-by-side report")
+    model: Optional[str] = Field(None, description="the model reported on, as given")
     config: Optional[str] = Field(None, description="where the config came from")
+    config_dump: dict[str, Any] = Field(default_factory=dict,
+                                        description="the config in force, every field")
+    versions: dict[str, str] = Field(default_factory=dict,
+                                     description="python, torch, arbiter, each backend")
+    graph_breaks: Optional[GraphBreakReport] = None
+    advice: list[AdviceReport] = Field(default_factory=list)
+    timing: Optional[TimingReport] = None
     created: str = Field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
     dry_run: bool = False
     backends: list[BackendStatus] = Field(default_factory=list)
@@ -83,12 +178,16 @@ class Report(BaseModel):
         parts = [p for g in self.graphs for p in g.partitions]
         by: dict[str, int] = {}
         for p in parts:
-            by[p.backend] = by.get(p.backend, 0) + p.nodes
+            # A dry run compiles nothing: say what is planned, and that it is a plan.
+            b = p.planned_backend if self.dry_run else p.backend
+            by[b] = by.get(b, 0) + p.nodes
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)
-        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); nodes by backend: "
-                f"{share or '-'}; fallbacks: {falls}")
+        breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
+        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); nodes by "
+                f"{'planned ' if self.dry_run else ''}backend: {share or '-'}; "
+                f"fallbacks: {falls}{breaks}")
 
     def __str__(self) -> str:
         return render_text(self)

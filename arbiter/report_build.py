@@ -1,0 +1,156 @@
+"""From a partition plan to the report's per-op, coverage, boundary and node records.
+
+Everything here reads the plan (its nodes' FakeTensor metadata and each node's
+``NodeSupport``) and the backends' manifests; nothing compiles or runs.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from .capability import is_getitem
+from .ops import op_name
+from .partition import Partition, Plan
+from .registry import Backend
+from .report import NodeReport, OpReport, TensorReport
+
+
+def _shape(t: torch.Tensor) -> list[Any]:
+    return [s if isinstance(s, int) else str(s) for s in t.shape]
+
+
+def _tensors(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in _tensors(v)]
+    return []
+
+
+def tensor_reports(node: torch.fx.Node, source: str) -> list[TensorReport]:
+    """One record per tensor in ``node.meta["val"]`` (a tuple-producing node gives several)."""
+    out = []
+    for t in _tensors(node.meta.get("val")):
+        shape = _shape(t)
+        size: Optional[int] = None
+        if all(isinstance(s, int) for s in shape):
+            size = t.element_size()
+            for s in shape:
+                size *= s
+        out.append(TensorReport(name=node.name, shape=shape,
+                                dtype=str(t.dtype).removeprefix("torch."), bytes=size,
+                                source=source))
+    return out
+
+
+def boundaries(part: Partition) -> tuple[list[TensorReport], list[TensorReport]]:
+    """What flows into ``part`` (in first-use order) and what it produces for others.
+
+    Inputs from a tuple producer in another partition arrive through its getitem nodes,
+    which live with the producer, so each tensor is counted once.
+    """
+    members = set(part.nodes)
+    seen: set[torch.fx.Node] = set()
+    inputs: list[TensorReport] = []
+    outputs: list[TensorReport] = []
+    for node in part.nodes:
+        for inp in node.all_input_nodes:
+            if inp in members or inp in seen or inp.op == "get_attr":
+                continue
+            seen.add(inp)
+            inputs += tensor_reports(inp, "graph input" if inp.op == "placeholder"
+                                     else "partition")
+        external = [u for u in node.users if u not in members]
+        if external and not (_is_tuple(node) and all(is_getitem(u) for u in node.users)):
+            src = "graph output" if all(u.op == "output" for u in external) else "partition"
+            outputs += tensor_reports(node, src)
+    return inputs, outputs
+
+
+def _is_tuple(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (list, tuple))
+
+
+def _conditions(backend: Backend, op: str) -> str:
+    if backend.inline_aten:
+        return "any (runs ATen in place)"
+    try:
+        entry = backend.manifest().entry(op)
+    except Exception:  # noqa: BLE001 - a broken manifest is reported as such, not raised
+        return "manifest could not be read"
+    if entry is None:
+        return "not in manifest"
+    dtypes = ",".join(sorted(str(d).removeprefix("torch.") for d in entry.dtypes))
+    text = f"dtypes {dtypes}; devices {','.join(sorted(entry.devices))}; " \
+           f"{'dynamic' if entry.dynamic else 'static'} shapes"
+    if entry.max_rank is not None:
+        text += f"; rank <= {entry.max_rank}"
+    if op in backend.validators or op.rsplit(".", 1)[0] in backend.validators:
+        text += "; plus a validator"
+    return text + f" ({entry.verified})"
+
+
+def op_reports(plan: Plan, backends: Mapping[str, Backend]) -> list[OpReport]:
+    """Per ATen op: nodes, able backends (config order), placement and refusals."""
+    part_of = {n: p.backend for p in plan.partitions for n in p.nodes}
+    order = list(backends)
+    count: Counter = Counter()
+    able: dict[str, set] = {}
+    placed: dict[str, Counter] = {}
+    refused: dict[str, dict[str, str]] = {}
+    for node, sup in plan.support.items():
+        if is_getitem(node):
+            continue
+        op = op_name(node.target)
+        count[op] += 1
+        able.setdefault(op, set()).update(sup.candidates)
+        placed.setdefault(op, Counter())[part_of.get(node, "?")] += 1
+        for b, why in sup.refusals.items():
+            refused.setdefault(op, {}).setdefault(b, why)
+    out = []
+    for op, n in sorted(count.items(), key=lambda kv: (-kv[1], kv[0])):
+        names = [b for b in order if b in able[op]]
+        out.append(OpReport(
+            op=op, nodes=n, able=names,
+            conditions={b: _conditions(backends[b], op) for b in names if b in backends},
+            placed=dict(sorted(placed[op].items())), refused=refused.get(op, {})))
+    return out
+
+
+def coverage(plan: Plan, backends: Mapping[str, Backend]) -> dict[str, float]:
+    """Backend -> % of compute nodes it could run (before min_block_size)."""
+    compute = [s for n, s in plan.support.items() if not is_getitem(n)]
+    total = len(compute) or 1
+    return {b: round(100.0 * sum(1 for s in compute if b in s.candidates) / total, 1)
+            for b in backends}
+
+
+def node_reports(plan: Plan) -> list[NodeReport]:
+    """Every compute node with its inputs; getitems are folded into their producer."""
+    part_id = {n: p.id for p in plan.partitions for n in p.nodes}
+
+    def source(n: torch.fx.Node) -> Optional[str]:
+        while is_getitem(n):
+            n = n.args[0]
+        if n.op == "placeholder":
+            return f"input:{n.name}"
+        if n.op == "get_attr":
+            return None
+        return n.name
+
+    out = []
+    for p in plan.partitions:
+        for n in p.nodes:
+            if is_getitem(n):
+                continue
+            ins = [s for s in (source(i) for i in n.all_input_nodes) if s is not None]
+            ts = _tensors(n.meta.get("val"))
+            out.append(NodeReport(
+                name=n.name, op=op_name(n.target), partition=part_id[n],
+                inputs=list(dict.fromkeys(ins)), shape=_shape(ts[0]) if ts else [],
+                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else ""))
+    return out
