@@ -91,6 +91,11 @@ class Arbiter:
         from .lowering import decomposition_table
 
         self._decompositions = decomposition_table(names)
+        if not dry_run:  # one thread budget and arena per process, before any compile
+            from .resources import apply as apply_resources
+
+            apply_resources(self.config.resources,
+                            [b for n, b in self.backends.items() if n not in self.unavailable])
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:

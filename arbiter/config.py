@@ -109,8 +109,34 @@ class ResourcesOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     threads: Union[Literal["auto"], int] = Field(
-        "auto", description="intra-op threads for every backend; `auto`: the cores")
-    shared_arena: bool = Field(True, description="one ONNX Runtime arena for all sessions")
+        "auto", description="intra-op threads each backend may use while it runs "
+        "(partitions run one at a time); `auto`: the CPUs this process may run on")
+    spin: str = Field(
+        "auto", description="the one backend whose idle threads may keep spinning after "
+        "a run (lower latency for itself, stolen cores for the others); `none`: no "
+        "backend's; `auto`: none (measured best on 2 cores, bench/README.md)")
+    shared_arena: bool = Field(True, description="backends that can share one memory "
+                               "arena across their sessions do (ONNX Runtime)")
+    coordinate: bool = Field(True, description="false: leave every backend's threads, "
+                             "spinning and arenas at its own defaults (no budget)")
+
+    @field_validator("threads")
+    @classmethod
+    def _positive(cls, v: Union[str, int]) -> Union[str, int]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"threads must be `auto` or an int >= 1, not {v}")
+        return v
+
+    @field_validator("spin")
+    @classmethod
+    def _spin_owner(cls, v: str) -> str:
+        from .registry import backend_names
+
+        valid = ["auto", "none", *backend_names()]
+        if v not in valid:
+            raise ValueError(f"unknown spin owner {v!r}{did_you_mean(v, valid)}; "
+                             f"valid: {', '.join(valid)}")
+        return v
 
 
 class Config(BaseModel):

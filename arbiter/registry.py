@@ -127,6 +127,18 @@ class Backend:
         """
         raise NotImplementedError
 
+    # -- shared resources (arbiter/resources.py) --------------------------------------
+    def configure_resources(self, budget: Any) -> dict[str, Any]:
+        """Apply the process's ``resources.Budget`` (threads, spin owner, shared arena).
+
+        Called once per process per backend name, before this backend's first compile
+        (``Arbiter`` does it). Set process-wide pools and arenas here; what can only be
+        set per compiled model, keep on the backend and use in ``compile``. With
+        ``budget.coordinate`` false, change nothing. Return the settings now in force,
+        for the report (``{}``: nothing to say).
+        """
+        return {}
+
     # -- the persistent cache (arbiter/cache.py) --------------------------------------
     #: set by ``Arbiter`` when its config enables the cache: a ``cache.Cache``, or None.
     artifact_cache: Optional[Any] = None

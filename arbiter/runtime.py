@@ -234,6 +234,11 @@ class Piece:
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes():
                     self._fn = backend.compile(self.gm, list(args))
+                # A compiled callable may count the copies it makes (inputs made
+                # contiguous...) into the record's `copies` (docs/resources.md).
+                attach = getattr(self._fn, "attach_record", None)
+                if attach is not None:
+                    attach(self.record)
                 log.info("%s partition %d: compiled with %s in %.2f s", self._label,
                          self.record.partition_id, backend.name, time.perf_counter() - start)
                 break

@@ -39,9 +39,27 @@ class Inductor(Backend):
         patches = dict(self.options.options)
         if self.options.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             patches.setdefault("max_autotune", True)
+        if self._threads is not None:
+            # The OpenMP thread count is baked into the generated C++ kernels at compile
+            # time (cpp.threads; -1 would read torch.get_num_threads() then).
+            patches.setdefault("cpp.threads", self._threads)
         with inductor_config.patch(patches):
             fn = compile_fx(gm, list(example_inputs))
         return fn
+
+    _threads = None  # set by configure_resources: the budget's threads
+
+    def configure_resources(self, budget) -> dict:
+        """Inductor's CPU kernels use torch's OpenMP pool (already sized by
+        arbiter.resources); the budget's thread count is also baked into its kernels."""
+        user = self.options.options.get("cpp.threads")
+        if not budget.coordinate:
+            return {"coordinated": False, "openmp_threads": "torch.get_num_threads() at compile"}
+        if user is None:
+            type(self)._threads = budget.threads  # process-wide, like the budget
+        return {"coordinated": True,
+                "openmp_threads": user if user is not None else budget.threads,
+                "spinning": "torch's OpenMP: OMP_WAIT_POLICY at torch's import"}
 
     @classmethod
     def declared_ops(cls):

@@ -26,6 +26,10 @@ from arbiter.registry import Backend, register_backend
 
 log = logging.getLogger(__name__)
 
+#: What configure_resources set for the whole process: "global_pool" (its size),
+#: "env_arena" (sessions use the shared arena), "no_spin" (per-session pools, no spin).
+_PROCESS: dict = {}
+
 _NP_NAMES = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
     torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
@@ -109,6 +113,66 @@ class OnnxRuntime(Backend):
         model_bytes = self.cached_artifact(
             gm, args, lambda: export_onnx(gm, args, optimize=self.options.optimize_export)
             .SerializeToString(), kind="onnx")
+        sess = self.make_session(model_bytes)
+        out_vals = _output_vals(gm)
+        return OrtRunner(sess, [i.name for i in sess.get_inputs()],
+                         [o.name for o in sess.get_outputs()], args, out_vals)
+
+    # -- threads, spinning, arena (arbiter/resources.py; docs/resources.md) ------------
+    def configure_resources(self, budget) -> dict:
+        """One global thread pool and one arena for every session of the process.
+
+        Both must exist before the first session that uses them, and cannot change
+        after. ORT's Python API sets only the global pool's sizes, not its spinning:
+        with ``session.intra_op.allow_spinning=0`` and ``session.force_spinning_stop=1``
+        its worker still burned 40 ms of CPU in the 200 ms after a run (measured). So
+        unless this backend owns the spin budget (``resources: {spin: onnxruntime}``) the
+        pool gets no worker threads (size 1: kernels run on the calling thread), which
+        also keeps the thread count flat however many sessions there are.
+        """
+        if not budget.coordinate:
+            return {"coordinated": False, "pool": "per session (ONNX Runtime's defaults)",
+                    "allow_spinning": self.options.allow_spinning, "arena": "per session"}
+        import onnxruntime as ort
+
+        settings: dict = {"coordinated": True}
+        if "intra_op_num_threads" in self.options.model_fields_set:
+            settings["pool"] = (f"per session, {self.options.intra_op_num_threads} "
+                                "threads (backend option intra_op_num_threads)")
+            settings["allow_spinning"] = self.options.allow_spinning
+        else:
+            spin = budget.may_spin(self.name)
+            size = budget.threads if spin else 1
+            try:
+                ort.set_global_thread_pool_sizes(size, 1)
+                _PROCESS["global_pool"] = size
+                settings["pool"] = f"global, {size} thread(s)"
+                settings["allow_spinning"] = spin and size > 1
+                if not spin and budget.threads > 1:
+                    settings["note"] = ("global pool has no workers: its spinning cannot "
+                                        "be turned off; `resources: {spin: onnxruntime}` "
+                                        f"gives it {budget.threads} threads (spinning)")
+            except Exception as exc:  # noqa: BLE001 - the pool exists already
+                settings["pool"] = ("per session, spinning off (global pool could not be "
+                                    f"set: {str(exc).strip()[:160]})")
+                settings["allow_spinning"] = False
+                _PROCESS["no_spin"] = True
+        if budget.shared_arena:
+            mem = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                    ort.OrtMemType.DEFAULT)
+            # OrtArenaCfg(max_mem, arena_extend_strategy, initial_chunk_size_bytes,
+            # max_dead_bytes_per_chunk): -1 and 0 mean ORT's defaults.
+            ort.create_and_register_allocator(mem, ort.OrtArenaCfg(0, -1, -1, -1))
+            _PROCESS["env_arena"] = True
+            settings["arena"] = "one, shared by every session (CPU)"
+        else:
+            settings["arena"] = "per session"
+        return settings
+
+    def make_session(self, model_bytes: bytes):
+        """An InferenceSession with the options and the process's pool and arena."""
+        import onnxruntime as ort
+
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = {
@@ -117,15 +181,17 @@ class OnnxRuntime(Backend):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.options.graph_optimization_level]
+        explicit = "intra_op_num_threads" in self.options.model_fields_set
         if self.options.intra_op_num_threads is not None:
             so.intra_op_num_threads = self.options.intra_op_num_threads
-        so.add_session_config_entry("session.intra_op.allow_spinning",
-                                    "1" if self.options.allow_spinning else "0")
-        sess = ort.InferenceSession(model_bytes, so,
-                                    providers=list(self.options.providers))
-        out_vals = _output_vals(gm)
-        return OrtRunner(sess, [i.name for i in sess.get_inputs()],
-                         [o.name for o in sess.get_outputs()], args, out_vals)
+        if "global_pool" in _PROCESS and not explicit:
+            so.use_per_session_threads = False
+        else:
+            spin = self.options.allow_spinning and not _PROCESS.get("no_spin")
+            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        if _PROCESS.get("env_arena"):
+            so.add_session_config_entry("session.use_env_allocators", "1")
+        return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers))
 
     @classmethod
     def declared_ops(cls):
@@ -213,6 +279,11 @@ class OrtRunner:
                           np.dtype(_NP_NAMES[v.dtype])))
         self.out_specs = specs
         self._local = threading.local()
+        self._record = None  # the piece's record: copies made here are counted in it
+
+    def attach_record(self, record) -> None:
+        """Count the copies this runner makes into ``record.copies`` (runtime.Piece)."""
+        self._record = record
 
     def _binding(self):
         b = getattr(self._local, "binding", None)
@@ -225,8 +296,12 @@ class OrtRunner:
         keep = []
         for name, t, np_type in zip(self.in_names, args, self.in_types):
             if not t.is_contiguous():
+                # The one copy left on this path: ONNX has no strides, and binding a
+                # strided tensor's pointer silently computes wrong results.
                 t = t.contiguous()
                 keep.append(t)
+                if self._record is not None:
+                    self._record.copies += 1
             b.bind_input(name, "cpu", 0, np_type, t.shape, t.data_ptr())
         outs = []
         for name, shape, dtype, np_type in self.out_specs:

@@ -110,6 +110,18 @@ class OpenVino(Backend):
         compiled = core.compile_model(model, self.options.device, self.properties())
         return OvRunner(compiled, args, _output_vals(gm))
 
+    _budget_threads = None  # set by configure_resources, process-wide
+
+    def configure_resources(self, budget) -> dict:
+        """The budget's threads become INFERENCE_NUM_THREADS of every compiled model
+        (a property of each compile_model; the option num_threads overrides it)."""
+        if not budget.coordinate:
+            return {"coordinated": False, "threads": "OpenVINO's default"}
+        type(self)._budget_threads = budget.threads
+        threads = self.options.num_threads if self.options.num_threads is not None \
+            else budget.threads
+        return {"coordinated": True, "INFERENCE_NUM_THREADS": threads}
+
     def properties(self) -> dict:
         """The compile_model properties the options stand for."""
         o = self.options
@@ -117,6 +129,8 @@ class OpenVino(Backend):
                  "PERFORMANCE_HINT": o.performance_hint}
         if o.num_threads is not None:
             props["INFERENCE_NUM_THREADS"] = o.num_threads
+        elif self._budget_threads is not None:  # arbiter.resources' budget
+            props["INFERENCE_NUM_THREADS"] = self._budget_threads
         if o.cache_dir is not None:
             props["CACHE_DIR"] = o.cache_dir
         return props
