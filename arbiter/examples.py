@@ -104,9 +104,106 @@ class _HFWrapper(nn.Module):
         return self.model(input_ids=input_ids).last_hidden_state
 
 
+# -- the bench model zoo (issue 4): full-size models from transformers configs, random
+# weights seeded so every process builds the same model; eval mode, batch 1, float32.
+
+ZOO_SEQ = 128  # tokens per text input
+
+
+class _HFOutput(nn.Module):
+    """Calls a transformers model with one named input; returns one output tensor."""
+
+    def __init__(self, model: nn.Module, input_name: str, output: str):
+        super().__init__()
+        self.model = model
+        self.input_name = input_name
+        self.output = output
+
+    def forward(self, x):
+        return getattr(self.model(**{self.input_name: x}), self.output)
+
+
+def _zoo(build: Callable[[], nn.Module], input_name: str, output: str, example: Callable):
+    torch.manual_seed(0)
+    model = _HFOutput(build(), input_name, output).eval()
+    torch.manual_seed(1)
+    return model, (example(),)
+
+
+def _tokens(vocab: int) -> Callable[[], torch.Tensor]:
+    return lambda: torch.randint(0, vocab, (1, ZOO_SEQ))
+
+
+def _image() -> torch.Tensor:
+    return torch.randn(1, 3, 224, 224)
+
+
+def bert_base():
+    """BERT-base (12 layers, 768 wide), sequence 128."""
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig()
+    return _zoo(lambda: BertModel(cfg), "input_ids", "last_hidden_state", _tokens(cfg.vocab_size))
+
+
+def gpt2_small():
+    """GPT-2 small (12 layers, 768 wide), sequence 128."""
+    from transformers import GPT2Config, GPT2Model
+
+    cfg = GPT2Config()
+    return _zoo(lambda: GPT2Model(cfg), "input_ids", "last_hidden_state", _tokens(cfg.vocab_size))
+
+
+def distilbert():
+    """DistilBERT-base (6 layers, 768 wide), sequence 128."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    cfg = DistilBertConfig()
+    return _zoo(lambda: DistilBertModel(cfg), "input_ids", "last_hidden_state",
+                _tokens(cfg.vocab_size))
+
+
+def t5_small_encoder():
+    """T5-small's encoder (6 layers, 512 wide), sequence 128."""
+    from transformers import T5Config, T5EncoderModel
+
+    cfg = T5Config()
+    return _zoo(lambda: T5EncoderModel(cfg), "input_ids", "last_hidden_state",
+                _tokens(cfg.vocab_size))
+
+
+def resnet50():
+    """ResNet-50 (transformers' ResNet, bottleneck 3-4-6-3) with its classifier, 224x224."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(num_labels=1000)
+    return _zoo(lambda: ResNetForImageClassification(cfg), "pixel_values", "logits", _image)
+
+
+def vit_base():
+    """ViT-base/16 (12 layers, 768 wide), 224x224."""
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig()
+    return _zoo(lambda: ViTModel(cfg, add_pooling_layer=False), "pixel_values",
+                "last_hidden_state", _image)
+
+
+#: The bench zoo (bench/zoo.py): the seed's MLP and the full-size models.
+ZOO: dict[str, Factory] = {
+    "mlp": mlp,
+    "bert_base": bert_base,
+    "gpt2_small": gpt2_small,
+    "resnet50": resnet50,
+    "vit_base": vit_base,
+    "distilbert": distilbert,
+    "t5_small_encoder": t5_small_encoder,
+}
+
 EXAMPLES: dict[str, Factory] = {
     "mlp": mlp,
     "encoder_block": encoder_block,
     "small_cnn": small_cnn,
     "gpt2_tiny": gpt2_tiny,
+    **ZOO,
 }
