@@ -64,7 +64,10 @@ class Arbiter:
         for name in self.config.chain_names():
             cls = get_backend_class(name)
             backend = cls(cls.Options.model_validate(self.config.options_for(name)))
-            ok, why = backend.available()
+            try:
+                ok, why = backend.available()
+            except Exception as exc:  # noqa: BLE001 - a broken install (not only ImportError)
+                ok, why = False, f"broken: {type(exc).__name__}: {exc}"
             if not ok:
                 hint = f" (install: {cls.install_hint})" if cls.install_hint else ""
                 self.unavailable[name] = why + hint
