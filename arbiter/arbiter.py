@@ -45,6 +45,7 @@ class _GraphRecord:
     records: dict[int, PieceRecord]
     constants: int
     plan_s: float
+    constant_nodes: frozenset = frozenset()  # placeholders frozen as constants (report)
 
 
 class Arbiter:
@@ -169,7 +170,8 @@ class Arbiter:
             return self._build(p, constants, label, pieces)
 
         stitched, records = build(plan)
-        record = _GraphRecord(graph_id, kind, plan, records, len(constants), plan_s)
+        record = _GraphRecord(graph_id, kind, plan, records, len(constants), plan_s,
+                              frozenset(constants))
         with self._lock:
             self._graphs.append(record)
         log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
@@ -288,7 +290,7 @@ def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
     for p in g.plan.partitions:
         rec = g.records[p.id]
         compute = [n for n in p.nodes if not is_getitem(n)]
-        inputs, outputs = boundaries(p)
+        inputs, outputs = boundaries(p, g.constant_nodes)
         parts.append(PartitionReport(
             id=p.id, planned_backend=p.backend,
             backend=rec.backend or "(not compiled yet)",
@@ -303,6 +305,7 @@ def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
             inputs=inputs, outputs=outputs,
             bytes_in=sum(t.bytes or 0 for t in inputs if t.source == "partition"),
             graph_input_bytes=sum(t.bytes or 0 for t in inputs if t.source == "graph input"),
+            constant_bytes=sum(t.bytes or 0 for t in inputs if t.source == "constant"),
             bytes_out=sum(t.bytes or 0 for t in outputs),
             inline=backends[p.backend].inline_aten if p.backend in backends else False))
     refusals: Counter = Counter()
@@ -321,5 +324,8 @@ def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
         refusals=[RefusalReport(op=o, backend=b, reason=r, nodes=c)
                   for (o, b, r), c in sorted(refusals.items())],
         constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy,
-        ops=op_reports(g.plan, backends), coverage=coverage(g.plan, backends),
+        ops=op_reports(g.plan, backends, {x.id: x.backend if x.backend != "(not compiled yet)"
+                                          else f"{x.planned_backend} (planned)"
+                                          for x in parts}),
+        coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), graph=node_reports(g.plan))

@@ -25,7 +25,8 @@ class TensorReport(BaseModel):
     dtype: str
     bytes: Optional[int] = Field(None, description="size in bytes; None when symbolic")
     source: str = Field("partition", description="`partition` (another partition's "
-                        "output), `graph input`, or `graph output` for outputs")
+                        "output), `graph input`, `constant` (a frozen weight baked into "
+                        "the partition), or `graph output` for outputs")
 
 
 class FallbackReport(BaseModel):
@@ -62,6 +63,7 @@ class PartitionReport(BaseModel):
                                          "not counted; see graph_input_bytes)")
     graph_input_bytes: int = Field(0, description="bytes read from graph inputs (weights "
                                                   "included unless frozen as constants)")
+    constant_bytes: int = Field(0, description="bytes of frozen weights baked in")
     bytes_out: int = Field(0, description="bytes produced for other partitions or the output")
     inline: bool = Field(False, description="runs as ATen nodes inside the stitched graph "
                                             "(eager); timed only as part of the whole call")

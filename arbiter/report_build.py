@@ -47,8 +47,12 @@ def tensor_reports(node: torch.fx.Node, source: str) -> list[TensorReport]:
     return out
 
 
-def boundaries(part: Partition) -> tuple[list[TensorReport], list[TensorReport]]:
+def boundaries(part: Partition, constants: frozenset = frozenset()
+               ) -> tuple[list[TensorReport], list[TensorReport]]:
     """What flows into ``part`` (in first-use order) and what it produces for others.
+
+    ``constants``: placeholders frozen as constants (baked into the partition: listed
+    with source `constant`, they cross no boundary at run time).
 
     Inputs from a tuple producer in another partition arrive through its getitem nodes,
     which live with the producer, so each tensor is counted once.
@@ -62,8 +66,9 @@ def boundaries(part: Partition) -> tuple[list[TensorReport], list[TensorReport]]
             if inp in members or inp in seen or inp.op == "get_attr":
                 continue
             seen.add(inp)
-            inputs += tensor_reports(inp, "graph input" if inp.op == "placeholder"
-                                     else "partition")
+            src = ("constant" if inp in constants else "graph input") \
+                if inp.op == "placeholder" else "partition"
+            inputs += tensor_reports(inp, src)
         external = [u for u in node.users if u not in members]
         if external and not (_is_tuple(node) and all(is_getitem(u) for u in node.users)):
             src = "graph output" if all(u.op == "output" for u in external) else "partition"
@@ -94,9 +99,17 @@ def _conditions(backend: Backend, op: str) -> str:
     return text + f" ({entry.verified})"
 
 
-def op_reports(plan: Plan, backends: Mapping[str, Backend]) -> list[OpReport]:
-    """Per ATen op: nodes, able backends (config order), placement and refusals."""
-    part_of = {n: p.backend for p in plan.partitions for n in p.nodes}
+def op_reports(plan: Plan, backends: Mapping[str, Backend],
+               runs_on: Optional[Mapping[int, str]] = None) -> list[OpReport]:
+    """Per ATen op: nodes, able backends (config order), placement and refusals.
+
+    ``runs_on``: partition id -> the backend that runs it now (after fallbacks); without
+    it, placement is the plan's, labelled `(planned)`: a report never says a backend
+    ran what it was only planned to run.
+    """
+    runs_on = runs_on or {}
+    part_of = {n: runs_on.get(p.id, f"{p.backend} (planned)")
+               for p in plan.partitions for n in p.nodes}
     order = list(backends)
     count: Counter = Counter()
     able: dict[str, set] = {}

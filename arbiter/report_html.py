@@ -170,12 +170,14 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
             f'<span><i style="background:{colors.get(b, FALLBACK_COLOR)}"></i>{_e(b)} '
             f'({g.coverage.get(b, 0):.0f}% could run)</span>' for b in g.coverage) + "</div>")
         out.append(f'<div class="scroll">{_svg(r, g, colors, rid)}</div>')
-        total = sum(p.run_s for p in g.partitions)
+        # share of the whole timed calls, as in the text report
+        total = r.timing.total_s if r.timing else sum(p.run_s for p in g.partitions)
         out.append(_table("partitions", ["#", "backend", "planned", "nodes", "inputs",
                                          "outputs", "bytes in", "bytes out", "compile s",
-                                         "run ms/call", "share", "fallbacks"], [
+                                         "run ms/call", "share of call", "fallbacks"], [
             [p.id, _runs_on(r, p), p.planned_backend, p.nodes,
-             " ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in p.inputs),
+             " ".join(("const " if t.source == "constant" else "") +
+                      f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in p.inputs),
              " ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in p.outputs),
              p.bytes_in + p.graph_input_bytes, p.bytes_out, p.compile_s,
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
@@ -258,7 +260,8 @@ def render_html(reports: Report | Sequence[Report]) -> str:
     colors = backend_colors(reports)
     payload = json.dumps([r.model_dump(mode="json") for r in reports])
     payload = payload.replace("</", "<\\/")  # keep </script> inside the JSON inert
-    title = "torch-arbiter report: " + (reports[0].model or "") if reports else "report"
+    model = reports[0].model if reports else None
+    title = "torch-arbiter report" + (f": {model}" if model else "")
     body = "".join(_section(r, k, colors) for k, r in enumerate(reports))
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title>{_ERRS}<style>{_CSS}</style></head><body>"

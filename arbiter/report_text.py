@@ -22,7 +22,7 @@ def _e(text: str) -> str:
 
 
 def _short(op: str) -> str:
-    return op.removeprefix("aten.")
+    return op.removeprefix("aten.").removesuffix(".default")
 
 
 def _bytes(n: int) -> str:
@@ -53,7 +53,8 @@ def _graph_tables(report: Report, g: GraphReport):
     from rich import box
     from rich.table import Table
 
-    total_run = sum(p.run_s for p in g.partitions)
+    # Share of the whole timed calls (all graphs, inline eager and stitching included).
+    total_run = report.timing.total_s if report.timing else sum(p.run_s for p in g.partitions)
     timed = any(p.calls for p in g.partitions)
     t = Table(title=f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
@@ -66,7 +67,7 @@ def _graph_tables(report: Report, g: GraphReport):
     t.add_column("bytes in/out", justify="right", no_wrap=True)
     t.add_column("compile", justify="right", no_wrap=True)
     if timed:
-        t.add_column("run (share)", justify="right", no_wrap=True)
+        t.add_column("run/call (share)", justify="right", no_wrap=True)
     t.add_column("ops", overflow="ellipsis", no_wrap=True, ratio=1)
     for p in g.partitions:
         ops = ", ".join(f"{_short(k)}x{v}" if v > 1 else _short(k)

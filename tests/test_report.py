@@ -45,7 +45,7 @@ def test_ops_coverage_and_placement(split_report):
     ops = {o.op: o for o in g.ops}
     assert sum(o.nodes for o in g.ops) == g.nodes
     bmm = ops["aten.bmm.default"]
-    assert bmm.nodes == 2 and bmm.placed == {"eager": 2} and bmm.able == ["eager"]
+    assert bmm.nodes == 2 and bmm.placed == {"eager (planned)": 2} and bmm.able == ["eager"]
     assert bmm.refused["onnxruntime"] == "excluded by the config's exclude_ops"
     addmm = ops["aten.addmm.default"]
     assert addmm.able == ["onnxruntime", "inductor", "eager"]
@@ -75,6 +75,12 @@ def test_boundaries_and_bytes(split_report):
     assert [t.shape for t in bmm.inputs] == [[8, 16, 16], [8, 16, 16]]
     assert bmm.bytes_in == 2 * 8 * 16 * 16 * 4 and bmm.bytes_out == 8 * 16 * 16 * 4
     assert g.partitions[-1].outputs[-1].source == "graph output"
+    # frozen weights are constants baked in; only the user's input crosses from outside
+    sources = {t.source for p in g.partitions for t in p.inputs}
+    assert {"constant", "graph input", "partition"} == sources
+    assert all(t.shape == [2, 16, 64] for p in g.partitions for t in p.inputs
+               if t.source == "graph input")
+    assert sum(p.constant_bytes for p in g.partitions) > 0
     assert {n.partition for n in g.graph} == {p.id for p in g.partitions}
     assert len(g.graph) == g.nodes
 
@@ -110,6 +116,7 @@ def test_fallback_is_reported_never_claimed(make_backend, fresh_dynamo):
     assert (p.planned_backend, p.backend) == ("failing", "onnxruntime")
     assert p.fallbacks[0].stage == "compile" and "boom at compile" in p.fallbacks[0].reason
     assert rep.graphs[0].placement == {"onnxruntime": p.nodes}  # what ran, not the plan
+    assert all(set(o.placed) == {"onnxruntime"} for o in rep.graphs[0].ops)
     assert "failing" not in rep.summary()
     text = render(rep)
     assert "fallback partition 0 at compile: failing -> onnxruntime" in text
@@ -172,6 +179,7 @@ def test_partition_api_report_of_plain_graph():
     plan = arbiter.partition(gm, {"backends": ["onnxruntime"], "min_block_size": 1})
     backends = {n: get_backend_class(n)() for n in ("onnxruntime", "eager")}
     ops = op_reports(plan, backends)
+    planned = {"onnxruntime (planned)": 1}  # nothing ran: the plan, labelled so
     assert [(o.op, o.nodes, o.placed) for o in ops] == [
-        ("aten.add.Tensor", 1, {"onnxruntime": 1}), ("aten.mul.Tensor", 1, {"onnxruntime": 1}),
-        ("aten.relu.default", 1, {"onnxruntime": 1})]
+        ("aten.add.Tensor", 1, planned), ("aten.mul.Tensor", 1, planned),
+        ("aten.relu.default", 1, planned)]
