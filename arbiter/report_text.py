@@ -185,10 +185,15 @@ def compare_table(reports: Sequence[Report]):
 
 
 def render(reports: Report | Sequence[Report], width: int = WIDTH, color: bool = False) -> str:
-    """The text report (several reports: a comparison table, then each in full)."""
-    from rich.console import Console
+    """The text report (several reports: a comparison table, then each in full).
 
+    Without rich (the `report` extra) this is the plain rendering of ``str(report)``."""
     reports = [reports] if isinstance(reports, Report) else list(reports)
+    try:
+        from rich.console import Console
+    except ImportError:
+        return "\n\n".join(str(r) for r in reports) + "\n"
+
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False, soft_wrap=False)
