@@ -1,0 +1,139 @@
+"""Calibrate policy `cost` (arbiter/cost.py): write arbiter/cost_table.yaml.
+
+    .venv/bin/python bench/calibrate_cost.py [--backends eager onnxruntime inductor]
+                                             [--out arbiter/cost_table.yaml] [--rounds 7]
+
+Per backend, four tiny ATen graphs are compiled with the backend's own ``compile`` (eager
+runs the graph in place) and timed, median of ``--rounds`` rounds of an inner loop:
+
+* ``x + 1`` on 8 floats: the per-call cost (``call_us``; 0 for eager, which runs in place,
+  whose cost is then all per node);
+* 16 chained tiny ops minus 1: per-node cost (``node_us``; fusing backends come out ~0);
+* a 256x256x256 matmul, minus the call: ``gflops``;
+* ``x * 2`` on 1M floats (8 MB moved), minus the call: ``gbps``.
+
+``boundary_us`` (per tensor crossing a compiled partition) is the difference between a
+call with 8 inputs and a call with 1, over 7, on the first compiled backend.
+Machines shared with other work give noisy numbers: the table records the load.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import arbiter
+from arbiter.registry import get_backend_class
+
+
+def _time_us(fn, args, rounds: int) -> float:
+    fn(*args)
+    n, t = 1, 0.0
+    while t < 0.02:  # inner loop long enough for the clock
+        n *= 2
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        t = time.perf_counter() - t0
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn(*args)
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(samples)
+
+
+def _chain(k):
+    def f(x):
+        for i in range(k):
+            x = x * 1.0001 if i % 2 else x + 0.5
+        return (x,)
+    return f
+
+
+def _many(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return (out,)
+
+
+def _compiled(name: str, fn, args):
+    gm = make_fx(fn, tracing_mode="fake")(*args)
+    cls = get_backend_class(name)
+    if cls.inline_aten:
+        return gm
+    return cls(cls.Options()).compile(gm, list(args))
+
+
+def calibrate(name: str, rounds: int) -> dict:
+    tiny = (torch.randn(8),)
+    call = _time_us(_compiled(name, _chain(1), tiny), tiny, rounds)
+    chain = _time_us(_compiled(name, _chain(16), tiny), tiny, rounds)
+    node = max(0.0, (chain - call) / 15)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    mm = _time_us(_compiled(name, lambda a, b: (a @ b,), (a, b)), (a, b), rounds)
+    big = (torch.randn(1 << 20),)
+    ew = _time_us(_compiled(name, lambda x: (x * 2.0,), big), big, rounds)
+    inline = get_backend_class(name).inline_aten
+    base = node if inline else call
+    return {"call_us": 0.0 if inline else round(call, 2), "node_us": round(node if not inline else call, 2),
+            "gflops": round(2 * 256 ** 3 / max(mm - base, 1e-3) / 1e3, 2),
+            "gbps": round(8 * (1 << 20) / max(ew - base, 1e-3) / 1e3, 2)}
+
+
+def boundary_us(name: str, rounds: int) -> float:
+    one = (torch.randn(8),)
+    eight = tuple(torch.randn(8) for _ in range(8))
+    t1 = _time_us(_compiled(name, _many, one), one, rounds)
+    t8 = _time_us(_compiled(name, _many, eight), eight, rounds)
+    return max(0.0, (t8 - t1) / 7)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", nargs="*", default=None)
+    ap.add_argument("--out", default=str(Path(arbiter.__file__).parent / "cost_table.yaml"))
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    names = args.backends or [n for n in arbiter.backend_names()
+                              if get_backend_class(n)(None).available()[0]]
+    rows = {}
+    for name in names:
+        print(f"calibrating {name} ...", file=sys.stderr, flush=True)
+        rows[name] = calibrate(name, args.rounds)
+        print(f"  {rows[name]}", file=sys.stderr, flush=True)
+    compiled = [n for n in names if not get_backend_class(n).inline_aten]
+    bnd = round(boundary_us(compiled[0], args.rounds), 2) if compiled else 1.0
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [
+        "# Per-backend constants of policy `cost` (arbiter/cost.py).",
+        f"# Written by: python bench/calibrate_cost.py --rounds {args.rounds}",
+        f"# on {datetime.date.today()}, torch {torch.__version__}, {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} threads, load average {load:.2f} (shared machine: noisy).",
+        "# call_us: per call of a compiled partition; node_us: per node; gflops: matmul and",
+        "# convolution rate; gbps: bytes moved by other ops; boundary_us: per tensor crossing.",
+        "format: 1",
+        f"boundary_us: {bnd}",
+        "default: {call_us: 30.0, node_us: 2.0, gflops: 20.0, gbps: 5.0}",
+        "backends:",
+    ]
+    for name, r in rows.items():
+        lines.append(f"  {name}: {{call_us: {r['call_us']}, node_us: {r['node_us']}, "
+                     f"gflops: {r['gflops']}, gbps: {r['gbps']}}}")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
