@@ -1,0 +1,363 @@
+"""The model zoo: arbiter against every single backend, each contender in its own process.
+
+    .venv/bin/python bench/zoo.py                                  # the full zoo (~35 min on 2 cores)
+    .venv/bin/python bench/zoo.py --models mlp t5_small_encoder --rounds 3   # a smoke run
+
+Models come from ``arbiter.examples.ZOO`` (transformers configs, seeded random weights, so
+every process builds the same model and inputs; eval mode, batch 1, float32). Contenders:
+
+* ``eager``; ``inductor`` (``torch.compile(backend="inductor")``);
+* ``onnxruntime``: the backend alone, as a user would use it: the whole model through
+  ``torch.onnx.export(dynamo=True)`` and an ``InferenceSession`` with ``--threads`` intra-op
+  threads;
+* ``openvino``: ``openvino.convert_model`` of the whole model and ``compile_model`` for CPU,
+  float32, ``--threads`` threads, latency hint;
+* ``arbiter_cpu_all``, ``arbiter_default``: ``backend="arbiter"`` with the shipped configs
+  (policy ``priority``); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
+  A contender that cannot be built is reported "not available" with its error.
+
+Every contender lives in its own long-lived worker process (thread pools that one backend
+leaves alive slow the next one in the same process). The parent builds them one at a time
+(first call = compile time, bounded by ``--compile-timeout``), then interleaves rounds:
+in round r each worker in turn runs K timed iterations while the others sleep. Reported:
+the median of the round medians, their min-max spread, the ratio to eager, the max abs
+error against eager's outputs (same seeded weights and inputs in every process), and the
+compile time. Progress and an estimate of the time left go to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino",
+              "arbiter_cpu_all", "arbiter_default", "arbiter_measure"]
+SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
+MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
+          "t5_small_encoder"]
+
+
+# -- worker side -------------------------------------------------------------------------
+
+def _build_contender(name: str, model, args, threads: int, measure_budget_s: float):
+    """-> a callable running one inference on ``args``; returns a torch tensor."""
+    import torch
+
+    if name == "eager":
+        return lambda: model(*args)
+    if name == "inductor":
+        compiled = torch.compile(model, backend="inductor")
+        return lambda: compiled(*args)
+    if name == "onnxruntime":
+        import onnxruntime as ort
+
+        prog = torch.onnx.export(model, args, dynamo=True, optimize=True, verbose=False)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(prog.model_proto.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        feeds = {n: a.numpy() for n, a in zip(names, args)}
+        return lambda: torch.from_numpy(sess.run(None, feeds)[0])
+    if name == "openvino":
+        import openvino as ov
+
+        ov_model = ov.convert_model(model, example_input=args)
+        compiled = ov.Core().compile_model(ov_model, "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY"})
+        req = compiled.create_infer_request()
+        inputs = [a.numpy() for a in args]
+        return lambda: torch.from_numpy(req.infer(inputs)[0].copy())
+    if name.startswith("arbiter_"):
+        import arbiter
+        from arbiter.config import load_config
+
+        kind = name[len("arbiter_"):]
+        base = "default" if kind == "default" else "cpu_all"
+        cfg = load_config(base).model_dump(exclude={"source"})
+        cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
+        if kind == "measure":
+            cfg["policy"] = "measure"
+            cfg["measure"] = dict(cfg.get("measure") or {}, time_budget_s=measure_budget_s)
+        be = arbiter.Arbiter(cfg)
+        compiled = torch.compile(model, backend=be)
+        fn = lambda: compiled(*args)  # noqa: E731
+        fn.report = be.report
+        return fn
+    raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS)}")
+
+
+def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_s: float):
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore")
+    for name in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export", "torch._dynamo"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    torch.set_num_threads(threads)
+    from arbiter import examples
+
+    try:
+        t0 = time.perf_counter()
+        model, args = examples.ZOO[model_name]()
+        build_s = time.perf_counter() - t0
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            fn = _build_contender(contender, model, args, threads, measure_budget_s)
+            out1 = fn()
+            compile_s = time.perf_counter() - t0  # export/compile + the first call
+            out2 = fn()
+        summary = fn.report().summary() if hasattr(fn, "report") else ""
+        conn.send(("ok", build_s, compile_s, [out1.detach().numpy().copy(),
+                                              out2.detach().numpy().copy()], summary))
+    except BaseException as exc:  # reported as "not available", never hidden
+        conn.send(("err", f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                   traceback.format_exc()[-2000:]))
+        return
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        k = msg[1]
+        times = []
+        with torch.no_grad():
+            for _ in range(k):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        conn.send(times)
+
+
+# -- parent side -------------------------------------------------------------------------
+
+class Contender:
+    def __init__(self, model: str, name: str, args):
+        self.model, self.name = model, name
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, model, name, args.threads,
+                                                      args.measure_budget),
+                                daemon=True)
+        self.status = "ok"
+        self.error = ""
+        self.compile_s = math.nan
+        self.outputs = None
+        self.summary = ""
+        self.round_medians: list[float] = []
+        self.max_err = math.nan
+
+    def start(self, timeout: float) -> None:
+        self.proc.start()
+        if not self.conn.poll(timeout):
+            self.fail(f"compile did not finish within {timeout:.0f} s (killed)")
+            return
+        msg = self.conn.recv()
+        if msg[0] == "ok":
+            _, _build_s, self.compile_s, self.outputs, self.summary = msg
+        else:
+            self.fail(msg[1])
+            log(msg[2])
+
+    def fail(self, why: str) -> None:
+        self.status, self.error = "not available", why
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+    def run(self, k: int, timeout: float) -> list[float]:
+        self.conn.send(("run", k))
+        if not self.conn.poll(timeout):
+            self.fail(f"a round of {k} runs did not finish within {timeout:.0f} s (killed)")
+            return []
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.proc.join(10)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bench_model(model: str, names: list[str], args) -> list[Contender]:
+    import numpy as np
+
+    cs = []
+    for name in names:
+        c = Contender(model, name, args)
+        t0 = time.perf_counter()
+        c.start(args.compile_timeout)
+        log(f"  {model}/{name}: {'compiled in %.1f s' % c.compile_s if c.status == 'ok' else c.error}"
+            f" ({time.perf_counter() - t0:.1f} s with the model build)")
+        cs.append(c)
+    live = [c for c in cs if c.status == "ok"]
+    ref = next((c for c in live if c.name == "eager"), None)
+    for c in live:
+        if ref is not None:
+            c.max_err = max(float(np.abs(o.astype(np.float64) - ref.outputs[0]).max())
+                            for o in c.outputs)
+    # K per contender: about --round-s seconds of its own runs per round
+    ks = {}
+    for c in live:
+        probe = c.run(3, args.compile_timeout)
+        if probe:
+            one = statistics.median(probe)
+            ks[c.name] = (max(1, min(args.max_iters, round(args.round_s / max(one, 1e-6)))), one)
+    live = [c for c in live if c.status == "ok"]
+    log(f"  {model}: {args.rounds} rounds; iterations per round: "
+        + ", ".join(f"{n} {k}" for n, (k, _) in ks.items()))
+    for r in range(args.rounds):
+        for c in live:
+            if c.status != "ok":
+                continue
+            k, one = ks[c.name]
+            times = c.run(k, max(60.0, 20 * k * one))
+            if times:
+                c.round_medians.append(statistics.median(times))
+        log(f"  {model}: round {r + 1}/{args.rounds} done")
+    for c in cs:
+        c.stop()
+    return cs
+
+
+def fmt_ms(s: float) -> str:
+    ms = s * 1e3
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
+
+
+def render(results: dict[str, list[Contender]], args, started: str, load0, load1,
+           others: int, wall_s: float) -> str:
+    import torch
+
+    versions = [f"torch {torch.__version__}"]
+    for mod in ("onnxruntime", "openvino", "transformers"):
+        try:
+            versions.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            versions.append(f"{mod} missing")
+    cmd = "python bench/zoo.py " + " ".join(sys.argv[1:])
+    lines = [
+        "# Model zoo: arbiter vs each single backend",
+        "",
+        f"{'**SMOKE RUN** (not the full zoo): ' if args.smoke_note else ''}"
+        f"{started} UTC; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"no GPU; {'; '.join(versions)}; float32, batch 1, {args.threads} threads; "
+        f"{args.rounds} interleaved rounds per model; wall time {wall_s / 60:.1f} min.",
+        "",
+        f"Load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; measured "
+        f"while {others} other processes ran (other users' processes using CPU at the start)."
+        " Absolute times on this shared machine move a lot between runs: compare ratios "
+        "within one model.",
+        "",
+        "```sh",
+        f".venv/bin/{cmd}",
+        "```",
+        "",
+        "median = median of the per-round medians (ms); spread = min-max of the round "
+        "medians; vs eager = eager median / contender median (above 1 is faster); max err "
+        "= max |out - eager out| over the first two calls; compile = export/compile + "
+        "the first call (s).",
+        "",
+    ]
+    for model, cs in results.items():
+        lines += [f"## {model}", "",
+                  "| contender | median ms | spread ms | vs eager | vs best single | max err | compile s | note |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        med = {c.name: statistics.median(c.round_medians) for c in cs
+               if c.status == "ok" and c.round_medians}
+        singles = [med[n] for n in SINGLE if n in med]
+        best = min(singles) if singles else None
+        for c in cs:
+            if c.name not in med:
+                lines.append(f"| {c.name} | - | - | - | - | - | - | not available: "
+                             f"{c.error.replace('|', '/')} |")
+                continue
+            m = med[c.name]
+            ve = f"{med['eager'] / m:.2f}x" if "eager" in med else "-"
+            vb = f"{best / m:.2f}x" if best else "-"
+            err = "-" if math.isnan(c.max_err) else f"{c.max_err:.1e}"
+            note = c.summary.replace("|", "/") if c.summary else ""
+            lines.append(f"| {c.name} | {fmt_ms(m)} | {fmt_ms(min(c.round_medians))}-"
+                         f"{fmt_ms(max(c.round_medians))} | {ve} | {vb} | {err} | "
+                         f"{c.compile_s:.1f} | {note} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def other_busy_processes() -> int:
+    """Processes of other sessions using CPU now (ps, >= 5% CPU), this one excluded."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ps", "-eo", "pid,pcpu"], capture_output=True, text=True,
+                             timeout=10).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        return -1
+    me = os.getpid()
+    return sum(1 for ln in out if len(ln.split()) == 2 and int(ln.split()[0]) != me
+               and float(ln.split()[1]) >= 5.0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    p.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--round-s", type=float, default=0.5,
+                   help="target seconds per contender per round (sets K per model)")
+    p.add_argument("--max-iters", type=int, default=200, help="K at most")
+    p.add_argument("--compile-timeout", type=float, default=300.0,
+                   help="seconds a contender may take to build (killed after)")
+    p.add_argument("--measure-budget", type=float, default=90.0,
+                   help="measure.time_budget_s of arbiter_measure")
+    p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    p.add_argument("--smoke-note", action="store_true",
+                   help="mark the results as a smoke run in the output")
+    args = p.parse_args(argv)
+
+    # Every worker is spawned with these; torch's OpenMP pool reads them at start.
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    load0, others = os.getloadavg(), other_busy_processes()
+    t_start = time.perf_counter()
+    results: dict[str, list[Contender]] = {}
+    for i, model in enumerate(args.models):
+        log(f"[{i + 1}/{len(args.models)}] {model}: {len(args.contenders)} contenders")
+        results[model] = bench_model(model, args.contenders, args)
+        done = time.perf_counter() - t_start
+        left = done / (i + 1) * (len(args.models) - i - 1)
+        log(f"[{i + 1}/{len(args.models)}] {model} done; {done / 60:.1f} min so far, "
+            f"about {left / 60:.1f} min left (average per model so far)")
+    text = render(results, args, started, load0, os.getloadavg(), others,
+                  time.perf_counter() - t_start)
+    Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
