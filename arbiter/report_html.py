@@ -207,6 +207,7 @@ th{cursor:pointer;background:#f0f0f0}td.num{text-align:right}
 .legend span{margin-right:14px}.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:middle}
 #details{position:fixed;right:12px;top:12px;max-width:380px;background:#fff;border:1px solid #888;padding:8px;white-space:pre-wrap;display:none}
 #bar{position:sticky;top:0;background:#fff;padding:4px 0;z-index:1}
+.fit svg.graph{width:100%;height:auto}
 """
 
 # Errors are recorded in an attribute of <html>, so a headless browser's --dump-dom shows
@@ -225,6 +226,7 @@ document.querySelectorAll('.partition-title').forEach(function(t){
   t.addEventListener('click',function(){t.parentNode.classList.toggle('collapsed');});});
 document.getElementById('collapse').onclick=function(){document.querySelectorAll('.partition').forEach(function(g){g.classList.add('collapsed');});};
 document.getElementById('expand').onclick=function(){document.querySelectorAll('.partition').forEach(function(g){g.classList.remove('collapsed');});};
+document.getElementById('fit').onclick=function(){document.body.classList.toggle('fit');};
 var box=document.getElementById('details');
 function find(rid,gid,name){var r=data[rid];for(var i=0;i<r.graphs.length;i++){var g=r.graphs[i];if(g.graph_id!=gid)continue;
   for(var j=0;j<g.graph.length;j++){if(g.graph[j].name==name)return [g,g.graph[j]];}}return null;}
@@ -250,6 +252,8 @@ document.querySelectorAll('table.sortable th').forEach(function(th,ix){th.addEve
   th.dataset.asc=asc?'1':'0';rows.sort(function(a,b){var x=a.cells[col].dataset.v,y=b.cells[col].dataset.v,nx=parseFloat(x),ny=parseFloat(y);
     var c=(!isNaN(nx)&&!isNaN(ny))?nx-ny:String(x).localeCompare(String(y));return asc?c:-c;});
   rows.forEach(function(r){tb.appendChild(r);});});});
+var h=location.hash.match(/search=([^&]*)/);  // a link (or a test) can open a search
+if(h){q.value=decodeURIComponent(h[1]);q.dispatchEvent(new Event('input'));}
 document.documentElement.setAttribute('data-ready','1');
 })();</script>"""
 
@@ -268,7 +272,8 @@ def render_html(reports: Report | Sequence[Report]) -> str:
             f"<h1>{_e(title)}</h1>"
             '<div id="bar"><input id="search" placeholder="search ops (e.g. addmm)"> '
             '<span id="hits"></span> <button id="collapse">collapse all</button> '
-            '<button id="expand">expand all</button></div>'
+            '<button id="expand">expand all</button> '
+            '<button id="fit">fit width / actual size</button></div>'
             f'<div id="details"></div>{body}'
             f'<script type="application/json" id="report-data">{payload}</script>'
             f"{_JS}</body></html>")

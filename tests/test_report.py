@@ -56,7 +56,8 @@ def test_ops_coverage_and_placement(split_report):
     assert g.coverage["onnxruntime"] == round(100 * (g.nodes - excluded) / g.nodes, 1)
     # a dry run's placement is the plan, labelled as such
     assert g.placement == {"eager (planned)": excluded, "onnxruntime (planned)": g.nodes - excluded}
-    assert split_report.summary().startswith("1 graph(s), 7 partition(s); nodes by planned")
+    assert split_report.summary() == ("1 graph(s), 7 partition(s); planned: onnxruntime 94%, "
+                                      "eager 6%; fallbacks 0; graph breaks 0")
 
 
 def test_boundaries_and_bytes(split_report):
@@ -117,7 +118,7 @@ def test_fallback_is_reported_never_claimed(make_backend, fresh_dynamo):
     assert p.fallbacks[0].stage == "compile" and "boom at compile" in p.fallbacks[0].reason
     assert rep.graphs[0].placement == {"onnxruntime": p.nodes}  # what ran, not the plan
     assert all(set(o.placed) == {"onnxruntime"} for o in rep.graphs[0].ops)
-    assert "failing" not in rep.summary()
+    assert "failing" not in rep.summary() and "fallbacks 1" in rep.summary()
     text = render(rep)
     assert "fallback partition 0 at compile: failing -> onnxruntime" in text
     assert "boom at compile" in text and "(planned failing)" in text

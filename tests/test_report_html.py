@@ -85,6 +85,17 @@ def test_page_renders_without_errors_one_box_per_partition(reports, tmp_path):
     assert "compile: failing -&gt; onnxruntime: RuntimeError: boom at compile" in dom
 
 
+def test_search_by_op_highlights_matching_nodes(reports, tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(render_html(reports), encoding="utf-8")
+    dom = chromium("--dump-dom", page.as_uri() + "#search=addmm", cwd=tmp_path).stdout
+    expected = sum(o.nodes for r in reports for g in r.graphs for o in g.ops
+                   if "addmm" in o.op)
+    assert expected == 2 + 4
+    assert dom.count('class="node hit"') == expected
+    assert re.search(r'data-errors="([^"]*)"', dom).group(1) == ""
+
+
 def test_screenshot_is_not_blank(reports, tmp_path):
     pil = pytest.importorskip("PIL.Image", reason="Pillow (test extra) missing")
     page = tmp_path / "report.html"
