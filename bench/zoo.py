@@ -133,13 +133,20 @@ def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_
         msg = conn.recv()
         if msg[0] == "stop":
             return
-        k = msg[1]
         times = []
         with torch.no_grad():
-            for _ in range(k):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+            if msg[0] == "probe":  # at least 3 runs, then until msg[1] seconds are spent
+                start = time.perf_counter()
+                while len(times) < 3 or (time.perf_counter() - start < msg[1]
+                                         and len(times) < 1000):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+            else:
+                for _ in range(msg[1]):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
         conn.send(times)
 
 
@@ -179,8 +186,8 @@ class Contender:
             self.proc.kill()
         self.proc.join(5)
 
-    def run(self, k: int, timeout: float) -> list[float]:
-        self.conn.send(("run", k))
+    def run(self, k: int, timeout: float, probe_s: float = 0.0) -> list[float]:
+        self.conn.send(("probe", probe_s) if probe_s else ("run", k))
         if not self.conn.poll(timeout):
             self.fail(f"a round of {k} runs did not finish within {timeout:.0f} s (killed)")
             return []
@@ -221,7 +228,7 @@ def bench_model(model: str, names: list[str], args) -> list[Contender]:
     # K per contender: about --round-s seconds of its own runs per round
     ks = {}
     for c in live:
-        probe = c.run(3, args.compile_timeout)
+        probe = c.run(3, args.compile_timeout, probe_s=args.round_s)
         if probe:
             one = statistics.median(probe)
             ks[c.name] = (max(1, min(args.max_iters, round(args.round_s / max(one, 1e-6)))), one)
@@ -331,7 +338,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-iters", type=int, default=200, help="K at most")
     p.add_argument("--compile-timeout", type=float, default=300.0,
                    help="seconds a contender may take to build (killed after)")
-    p.add_argument("--measure-budget", type=float, default=90.0,
+    p.add_argument("--measure-budget", type=float, default=60.0,
                    help="measure.time_budget_s of arbiter_measure")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--smoke-note", action="store_true",
