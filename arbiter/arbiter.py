@@ -324,6 +324,9 @@ def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
         refusals=[RefusalReport(op=o, backend=b, reason=r, nodes=c)
                   for (o, b, r), c in sorted(refusals.items())],
         constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy,
+        chosen=getattr(g.plan, "chosen", ""),
+        candidates_ms=dict(getattr(g.plan, "candidates_ms", {}) or {}),
+        estimates_ms=dict(getattr(g.plan, "estimates_ms", {}) or {}),
         ops=op_reports(g.plan, backends, {x.id: x.backend if x.backend != "(not compiled yet)"
                                           else f"{x.planned_backend} (planned)"
                                           for x in parts}),

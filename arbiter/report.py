@@ -120,6 +120,12 @@ class GraphReport(BaseModel):
     placement: dict[str, int] = Field(default_factory=dict,
                                       description="backend -> compute nodes it runs now")
     graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
+    chosen: str = Field("", description="policies cost/measure: the placement chosen")
+    candidates_ms: dict[str, Optional[float]] = Field(
+        default_factory=dict, description="policy measure: placement -> measured ms "
+                                          "(null: not measured)")
+    estimates_ms: dict[str, float] = Field(default_factory=dict,
+                                           description="policy cost: placement -> estimated ms")
 
     def backends_used(self) -> list[str]:
         return sorted({p.backend for p in self.partitions})

@@ -156,6 +156,9 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
     for b in r.backends:
         if not b.available:
             out.append(f'<p class="warn">backend {_e(b.name)} unavailable: {_e(b.reason)}</p>')
+    if r.resources:
+        out.append("<p>resources: " + _e(", ".join(f"{k} {v}" for k, v in r.resources.items()))
+                   + "</p>")
     if r.graph_breaks is not None:
         out.append(f"<p>Dynamo: {r.graph_breaks.graphs} graph(s), {r.graph_breaks.breaks} "
                    "graph break(s)</p>")
@@ -166,6 +169,12 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
     for g in r.graphs:
         out.append(f"<h3>graph {g.graph_id} ({_e(g.kind)}): {g.nodes} nodes, "
                    f"{len(g.partitions)} partitions, policy {_e(g.policy)}</h3>")
+        if g.chosen or g.candidates_ms or g.estimates_ms:
+            out.append(f"<p>policy {_e(g.policy)}: chose {_e(g.chosen or '-')}; measured: " +
+                       _e(", ".join(f"{k} {v:.3f} ms" if v is not None else f"{k} -"
+                                    for k, v in g.candidates_ms.items()) or "-") +
+                       "; estimated: " + _e(", ".join(f"{k} {v:.3f} ms" for k, v in
+                                                      g.estimates_ms.items()) or "-") + "</p>")
         out.append('<div class="legend">' + "".join(
             f'<span><i style="background:{colors.get(b, FALLBACK_COLOR)}"></i>{_e(b)} '
             f'({g.coverage.get(b, 0):.0f}% could run)</span>' for b in g.coverage) + "</div>")
@@ -174,7 +183,8 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
         total = r.timing.total_s if r.timing else sum(p.run_s for p in g.partitions)
         out.append(_table("partitions", ["#", "backend", "planned", "nodes", "inputs",
                                          "outputs", "bytes in", "bytes out", "compile s",
-                                         "run ms/call", "share of call", "fallbacks"], [
+                                         "run ms/call", "share of call", "copies",
+                                         "verify", "measured ms", "fallbacks"], [
             [p.id, _runs_on(r, p), p.planned_backend, p.nodes,
              " ".join(("const " if t.source == "constant" else "") +
                       f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in p.inputs),
@@ -182,6 +192,11 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
              p.bytes_in + p.graph_input_bytes, p.bytes_out, p.compile_s,
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
              f"{p.run_s / total:.0%}" if total and p.calls else "-",
+             f"{p.copies} + {p.restride_copies} restride",
+             (f"{p.verify_checks}x, max err {p.verify_max_error:.1e}"
+              if p.verify_max_error is not None else f"{p.verify_checks}x")
+             if p.verify_checks else "-",
+             ", ".join(f"{b} {ms:.3f}" for b, ms in p.measured_ms.items()) or "-",
              "; ".join(f"{f.stage}: {f.from_backend} -> {f.to_backend}: {f.reason}"
                        for f in p.fallbacks) or "-"] for p in g.partitions]))
         out.append(_table("ops", ["op", "nodes", "runs on", "able", "refused"], [

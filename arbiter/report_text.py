@@ -87,6 +87,25 @@ def _graph_tables(report: Report, g: GraphReport):
         row.append(_e(ops))
         t.add_row(*row)
     yield t
+    if g.chosen or g.candidates_ms or g.estimates_ms:
+        cands = ", ".join(f"{k} {v:.3f} ms" for k, v in g.candidates_ms.items()
+                          if v is not None)  # candidates not measured are left out
+        est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
+        yield _e(f"  policy {g.policy}: chose {g.chosen or '-'}" +
+                 (f"; measured: {cands}" if cands else "") +
+                 (f"; estimated: {est}" if est else ""))
+    for p in g.partitions:
+        notes = []
+        if p.copies or p.restride_copies:
+            notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
+        if p.verify_checks:
+            err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
+            notes.append(f"verified {p.verify_checks}x against eager{err}")
+        if p.measured_ms:
+            notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
+                                                 for b, ms in p.measured_ms.items()))
+        if notes:
+            yield _e(f"  partition {p.id}: " + "; ".join(notes))
     for p in g.partitions:
         for f in p.fallbacks:
             yield (f"  [yellow]fallback[/yellow] partition {p.id} at {f.stage}: "
@@ -135,6 +154,11 @@ def renderables(report: Report):
         yield f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)"
         for r in gb.reasons:
             yield f"  break: {_e(r)}"
+    if report.resources:
+        yield "resources in force:"
+        for k, v in report.resources.items():
+            text = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v)
+            yield _e(f"  {k}: {text}")
     if report.timing is not None:
         tm = report.timing
         yield (f"timed run: {tm.calls} calls, {tm.total_s / max(tm.calls, 1) * 1e3:.3f} ms "

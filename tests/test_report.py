@@ -184,3 +184,17 @@ def test_partition_api_report_of_plain_graph():
     assert [(o.op, o.nodes, o.placed) for o in ops] == [
         ("aten.add.Tensor", 1, planned), ("aten.mul.Tensor", 1, planned),
         ("aten.relu.default", 1, planned)]
+
+
+def test_policy_decision_and_resources_are_rendered(fresh_dynamo):
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "policy": "cost", "min_block_size": 1})
+    x = torch.randn(4, 4)
+    torch.compile(f, backend=be)(x)
+    rep = be.report()
+    g = rep.graphs[0]
+    assert g.policy == "cost" and g.chosen in g.estimates_ms
+    text = render(rep)
+    assert f"policy cost: chose {g.chosen}; estimated: " in text
+    assert rep.resources and "resources in force:" in text
+    page = render_html(rep)
+    assert f"policy cost: chose {g.chosen}" in page and "resources: " in page
