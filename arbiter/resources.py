@@ -141,7 +141,28 @@ def _configure_torch(budget: Budget) -> dict[str, Any]:
     if budget.coordinate and before != budget.threads:
         torch.set_num_threads(budget.threads)
     return {"intra_op_threads": torch.get_num_threads(), "was": before,
-            "omp_wait_policy": omp_wait_policy()}
+            "omp_wait_policy": omp_wait_policy(),
+            "tqdm_monitor": _no_tqdm_monitor() if budget.coordinate else "tqdm's default"}
+
+
+def _no_tqdm_monitor() -> str:
+    """AOTAutograd runs ``torch.fx.Interpreter``, whose (disabled) tqdm progress bar
+    starts tqdm's monitor thread, which then stays for the life of the process: one
+    thread over the budget. ``monitor_interval = 0`` keeps it from starting; it only
+    watches for stalled progress bars."""
+    import sys
+
+    tqdm_mod = sys.modules.get("tqdm.std")
+    if tqdm_mod is None:
+        try:
+            import tqdm.std as tqdm_mod
+        except ImportError:
+            return "tqdm not installed"
+    cls = tqdm_mod.tqdm
+    if getattr(cls, "monitor", None) is not None:
+        return "already running (started before arbiter)"
+    cls.monitor_interval = 0
+    return "off"
 
 
 def _reset_for_tests() -> None:

@@ -1,0 +1,222 @@
+"""Shared thread budget and arena vs. every backend on its own defaults (issue 6).
+
+Model: ``K`` (default 20) blocks on a (64, 512) float32 tensor; a block is
+``sigmoid(tanh(x @ W_i + b_i) * 0.5)``. The config excludes ``aten.sigmoid`` (it runs
+inline in eager ATen), so the graph is cut into K ONNX Runtime partitions (addmm, tanh,
+mul) with an eager op between each two. Weights are frozen into the partitions.
+
+Each variant runs in its own process (thread pools and arenas are process-wide), the
+variants taking turns over ``--rounds`` rounds; the medians over rounds are reported:
+
+* ``coordinated``: the default ``resources:`` (threads auto, spin none, shared arena).
+* ``coordinated-spin``: ``resources: {spin: onnxruntime}`` (ORT's global pool gets the
+  whole budget and spins).
+* ``uncoordinated``: ``resources: {coordinate: false}`` and ORT's own defaults
+  (a pool per session sized for the machine, spinning on, an arena per session).
+* ``uncoordinated-nospin``: the same with ``allow_spinning: false`` (the runtime before
+  the budget existed).
+* ``one-session``: nothing excluded: the same ops in one ORT session (the RSS baseline).
+
+Measured per process: peak RSS (``VmHWM``) and its growth over the RSS after imports,
+threads (``Threads`` in /proc/self/status, after the timed calls), the latency of the
+compiled model (median of many calls), and the sum of the parts run alone: every piece
+and every inline eager op of the stitched graph timed in its own loop, with the inputs it
+got during one call (recorded with ``torch.fx.Interpreter``).
+
+    .venv/bin/python bench/resources.py [--k 20] [--rounds 3] [--calls 200]
+
+ONNX export of the K partitions is the slow part of a cold run (about 1 s each); the
+ONNX models are cached in ``--cache`` (default /tmp/arbiter-bench-resources-cache), so
+later processes reuse them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import operator
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+VARIANTS = ["coordinated", "coordinated-spin", "uncoordinated", "uncoordinated-nospin",
+            "one-session"]
+
+
+def config(variant: str, cache: str) -> dict:
+    ort: dict = {"name": "onnxruntime"}
+    cfg: dict = {"backends": [ort], "min_block_size": 1, "exclude_ops": ["aten.sigmoid"],
+                 "cache": {"dir": cache}}
+    if variant == "coordinated-spin":
+        cfg["resources"] = {"spin": "onnxruntime"}
+    elif variant.startswith("uncoordinated"):
+        cfg["resources"] = {"coordinate": False}
+        ort["options"] = {"allow_spinning": variant == "uncoordinated"}
+    elif variant == "one-session":
+        cfg["exclude_ops"] = []
+    return cfg
+
+
+def status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def timeit(fn, calls: int) -> float:
+    """Median seconds per call over 5 batches of ``calls // 5`` calls, after a warm-up."""
+    for _ in range(max(3, calls // 20)):
+        fn()
+    per = []
+    n = max(1, calls // 5)
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per.append((time.perf_counter() - t) / n)
+    return statistics.median(per)
+
+
+def child(variant: str, k: int, calls: int, cache: str) -> dict:
+    """One variant in this process; returns its measurements."""
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.fx
+
+    import arbiter
+    from arbiter.runtime import Piece
+
+    import onnxruntime  # noqa: F401  (imported here so the baseline RSS includes it)
+
+    torch.manual_seed(0)
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(512, 512) for _ in range(k))
+
+        def forward(self, x):
+            for lin in self.lins:
+                x = torch.sigmoid(torch.tanh(lin(x)) * 0.5)
+            return x
+
+    model = Blocks().eval()
+    x = torch.randn(64, 512)
+    rss0 = status("VmRSS")
+    be = arbiter.Arbiter(config(variant, cache))
+    stitched = []
+    compile_graph = be._compile_graph
+
+    seen: list = []
+
+    def spy(gm, kind, constants):  # keep the stitched module and its first inputs
+        out = compile_graph(gm, kind, constants)
+        stitched.append(out)
+
+        def recording(*args):
+            if not seen:
+                seen.append(args)
+            return out(*args)
+
+        return recording
+
+    be._compile_graph = spy
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=be)
+        got = compiled(x)
+        compile_s = time.perf_counter() - t0
+        err = (got - model(x)).abs().max().item()
+        report = be.report()
+        parts = [p for g in report.graphs for p in g.partitions]
+        ort_parts = sum(p.backend == "onnxruntime" for p in parts)
+        fallbacks = sum(len(p.fallbacks) for p in parts)
+        latency = timeit(lambda: compiled(x), calls)
+
+        # the parts alone: each step of one stitched call, in its own loop
+        steps = []
+
+        class Recorder(torch.fx.Interpreter):
+            def call_function(self, target, args, kwargs):
+                out = super().call_function(target, args, kwargs)
+                if target is not operator.getitem:
+                    fn = target._fn if isinstance(target, Piece) else target
+                    steps.append((fn, tuple(args), dict(kwargs)))
+                return out
+
+        gm = stitched[0]
+        Recorder(gm).run(*seen[0])
+        parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls) for f, a, kw in steps)
+    names: dict = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        names[name] = names.get(name, 0) + 1
+    return {"variant": variant, "threads": status("Threads"), "thread_names": names, "peak_rss_mb": status("VmHWM") / 1024,
+            "rss_growth_mb": (status("VmHWM") - rss0) / 1024, "latency_ms": latency * 1e3,
+            "parts_alone_ms": parts_s * 1e3, "steps": len(steps), "ort_partitions": ort_parts,
+            "partitions": len(parts), "fallbacks": fallbacks, "max_error": err,
+            "compile_s": compile_s, "resources": report.resources}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--cache", default="/tmp/arbiter-bench-resources-cache")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.k, args.calls, args.cache)))
+        return
+    cores = len(os.sched_getaffinity(0))
+    load = os.getloadavg()
+    print(f"{cores} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start; "
+          f"K={args.k}, {args.rounds} rounds, {args.calls} calls per timing")
+    results: dict = {v: [] for v in args.variants}
+    for r in range(args.rounds):
+        order = args.variants[r % len(args.variants):] + args.variants[:r % len(args.variants)]
+        for v in order:
+            out = subprocess.run([sys.executable, __file__, "--child", v, "--k", str(args.k),
+                                  "--calls", str(args.calls), "--cache", args.cache],
+                                 capture_output=True, text=True, check=False)
+            if out.returncode != 0:
+                sys.exit(f"variant {v} failed:\n{out.stderr[-3000:]}")
+            results[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"  round {r} {v}: {results[v][-1]['latency_ms']:.2f} ms", file=sys.stderr)
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at end")
+    med = {v: {key: statistics.median(run[key] for run in runs)
+               for key in ("threads", "peak_rss_mb", "rss_growth_mb", "latency_ms",
+                           "parts_alone_ms", "compile_s", "max_error")}
+           for v, runs in results.items()}
+    base = med.get("one-session")
+    print(f"\n| variant | ORT partitions | threads | peak RSS MB | RSS growth MB | "
+          f"RSS / one session | latency ms | parts alone ms | latency / parts |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for v, m in med.items():
+        first = results[v][0]
+        ratio = f"{m['peak_rss_mb'] / base['peak_rss_mb']:.2f}" if base else "-"
+        print(f"| {v} | {first['ort_partitions']} | {m['threads']:.0f} | {m['peak_rss_mb']:.0f} | "
+              f"{m['rss_growth_mb']:.0f} | {ratio} | {m['latency_ms']:.2f} | "
+              f"{m['parts_alone_ms']:.2f} | {m['latency_ms'] / m['parts_alone_ms']:.2f} |")
+    print(f"\ntargets: threads <= cores + 2 = {cores + 2}; RSS <= 1.2x one session; "
+          "latency <= 1.1x the parts alone")
+    for v, runs in results.items():
+        print(f"{v}: fallbacks {runs[0]['fallbacks']}, max error {runs[0]['max_error']:.1e}, "
+              f"resources {json.dumps(runs[0]['resources'])}")
+
+
+if __name__ == "__main__":
+    main()

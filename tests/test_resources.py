@@ -1,0 +1,226 @@
+"""arbiter/resources.py and the backends' configure_resources: one thread budget, one
+arena, outputs written in place, the settings in force in the report.
+
+Thread pools and arenas are process-wide and cannot be undone, so every check of them
+runs in a fresh subprocess (``run_py``); the sessions there are built from small ONNX
+models written with onnx.helper (no export, so each subprocess takes seconds).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import arbiter
+from arbiter import resources
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+onnx = pytest.importorskip("onnx", reason="onnx is not installed")
+
+# A model whose intermediate (t, 4 MiB) lives in the session's arena after a run.
+MODEL = textwrap.dedent("""
+    import numpy as np, onnx, onnx.helper as h
+    def model_bytes(n=1024):
+        x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [n, n])
+        y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [n, n])
+        g = h.make_graph([h.make_node("MatMul", ["x", "x"], ["t"]),
+                          h.make_node("Relu", ["t"], ["u"]),
+                          h.make_node("Neg", ["u"], ["y"])], "g", [x], [y])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                            ir_version=9).SerializeToString()
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+""")
+
+
+def run_py(body: str) -> dict:
+    """Run ``body`` in a fresh interpreter (with MODEL's helpers); it prints one JSON."""
+    code = MODEL + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+SESSIONS = """
+    import json, numpy as np, onnxruntime, torch, arbiter
+    before = status("Threads")  # the pools are made when the budget is applied
+    be = arbiter.Arbiter({{"backends": ["onnxruntime"], "resources": {resources}}})
+    ort_backend = be.backends["onnxruntime"]
+    x = np.random.rand(1024, 1024).astype(np.float32)
+    rss0 = status("VmRSS")
+    sessions = [ort_backend.make_session(model_bytes()) for _ in range({n})]
+    for s in sessions:
+        s.run(None, {{"x": x}})
+    so = sessions[0].get_session_options()
+    try:
+        env_allocators = so.get_session_config_entry("session.use_env_allocators")
+    except Exception:  # not set
+        env_allocators = ""
+    print(json.dumps({{"torch_threads": torch.get_num_threads(),
+                      "env_allocators": env_allocators,
+                      "per_session_threads": so.use_per_session_threads,
+                      "added_threads": status("Threads") - before,
+                      "rss_growth_mb": (status("VmRSS") - rss0) / 1024,
+                      "report": be.report(advice=False).resources}}))
+"""
+
+
+@functools.cache
+def sessions(resources: str, n: int) -> dict:
+    """n ORT sessions made and run under ``resources``, in a subprocess (cached)."""
+    return run_py(SESSIONS.format(resources=resources, n=n))
+
+
+def test_budget_sets_torch_threads_and_one_ort_pool_without_workers():
+    got = sessions("{'threads': 1}", 10)
+    assert got["torch_threads"] == 1
+    # spin none (the default): ORT's global pool has no worker threads, however many
+    # sessions there are
+    assert got["added_threads"] == 0, got
+    res = got["report"]
+    assert res["budget"]["threads"] == 1 and res["budget"]["spin"] == "none"
+    assert res["onnxruntime"]["pool"] == "global, 1 thread(s)"
+    assert res["onnxruntime"]["arena"].startswith("one, shared")
+
+
+def test_spin_owner_gets_the_global_pool_and_uncoordinated_sessions_each_get_one():
+    spin = sessions("{'threads': 2, 'spin': 'onnxruntime'}", 6)
+    assert spin["report"]["onnxruntime"]["pool"] == "global, 2 thread(s)"
+    assert spin["added_threads"] == 1, spin  # one worker for the whole process
+    alone = sessions("{'coordinate': False}", 6)
+    assert alone["report"]["onnxruntime"]["coordinated"] is False
+    assert alone["added_threads"] >= 6, alone  # ORT's default: a pool per session
+
+
+def test_shared_arena_is_used_and_keeps_memory_flat():
+    shared = sessions("{'threads': 1}", 10)
+    separate = sessions("{'threads': 1, 'shared_arena': False}", 10)
+    assert shared["env_allocators"] == "1" and shared["per_session_threads"] is False
+    assert separate["env_allocators"] == ""
+    assert separate["report"]["onnxruntime"]["arena"] == "per session"
+    # each session's own arena keeps its 4 MiB intermediates; the shared one is reused
+    assert shared["rss_growth_mb"] < 0.5 * separate["rss_growth_mb"], (shared, separate)
+
+
+def test_budget_is_applied_once_and_a_different_second_config_warns():
+    got = run_py("""
+        import json, warnings, torch, arbiter
+        arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}})
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}})
+            same = len(w)
+            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 2}})
+        print(json.dumps({"same": same, "msgs": [str(x.message) for x in w],
+                          "torch_threads": torch.get_num_threads()}))
+    """)
+    assert got["same"] == 0
+    assert len(got["msgs"]) == 1
+    assert "threads=2 (in force: 1)" in got["msgs"][0]
+    assert "cannot change" in got["msgs"][0]
+    assert got["torch_threads"] == 1
+
+
+def test_config_errors_name_the_key_and_what_is_valid():
+    with pytest.raises(arbiter.ConfigError, match=r"resources.spin: .*onnxruntim.*did you "
+                                                   r"mean 'onnxruntime'.*valid: auto, none"):
+        arbiter.load_config({"backends": ["eager"], "resources": {"spin": "onnxruntim"}})
+    with pytest.raises(arbiter.ConfigError, match=r"resources.threads"):
+        arbiter.load_config({"backends": ["eager"], "resources": {"threads": 0}})
+
+
+def test_auto_threads_is_the_affinity_mask():
+    opts = arbiter.load_config({"backends": ["eager"]}).resources
+    assert resources.resolve(opts).threads == resources.cores()
+
+
+# -- zero-copy handoff ----------------------------------------------------------------
+def _ort_runner():
+    import onnx.helper as h
+
+    from arbiter.backends.onnxruntime import OnnxRuntime, OrtRunner
+
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])
+    g = h.make_graph([h.make_node("Relu", ["x"], ["t"]), h.make_node("Neg", ["t"], ["y"])],
+                     "g", [x], [y])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    sess = OnnxRuntime().make_session(model.SerializeToString())
+    return OrtRunner(sess, ["x"], ["y"], (torch.empty(3, 4),), [torch.empty(3, 4)])
+
+
+def test_outputs_are_written_into_the_buffers_torch_allocated(monkeypatch):
+    runner = _ort_runner()
+    allocated = []
+    real_empty = torch.empty
+
+    def spy_empty(*a, **k):
+        t = real_empty(*a, **k)
+        allocated.append((t, t.data_ptr()))
+        return t
+
+    monkeypatch.setattr(torch, "empty", spy_empty)
+    x = torch.randn(3, 4)
+    (out,) = runner(x)
+    monkeypatch.undo()
+    assert len(allocated) == 1
+    buf, ptr = allocated[0]
+    assert out is buf and out.data_ptr() == ptr  # ORT wrote into torch's own buffer
+    torch.testing.assert_close(out, -torch.relu(x))
+
+
+def test_non_contiguous_inputs_are_the_copies_counted():
+    from arbiter.runtime import PieceRecord
+
+    runner = _ort_runner()
+    rec = PieceRecord(0, "onnxruntime", ["onnxruntime", "eager"])
+    runner.attach_record(rec)
+    x = torch.randn(4, 3)
+    runner(x.t().contiguous())
+    assert rec.copies == 0
+    (out,) = runner(x.t())  # a transposed view: bound as a contiguous copy
+    assert rec.copies == 1
+    torch.testing.assert_close(out, -torch.relu(x.t()))
+
+
+def test_report_shows_the_settings_in_force_and_the_copies(fresh_dynamo):
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+
+    def f(a):
+        return torch.tanh(a) * 2 + 1
+
+    x = torch.randn(6, 5)
+    got = torch.compile(f, backend=be)(x.t())  # non-contiguous input
+    torch.testing.assert_close(got, f(x.t()))
+    rep = be.report(advice=False)
+    assert rep.resources["budget"]["threads"] >= 1
+    assert rep.resources["torch"]["intra_op_threads"] == torch.get_num_threads()
+    assert "onnxruntime" in rep.resources
+    parts = [p for g in rep.graphs for p in g.partitions if p.backend == "onnxruntime"]
+    assert parts and not parts[0].fallbacks
+    assert sum(p.copies for p in parts) == 1  # the transposed input, made contiguous
+
+
+# -- the other backends' thread options ----------------------------------------------
+def test_inductor_and_openvino_take_the_budget_threads(monkeypatch):
+    budget = resources.Budget(threads=1)
+    ind = arbiter.registry.get_backend_class("inductor")
+    monkeypatch.setattr(ind, "_threads", None)
+    got = ind().configure_resources(budget)
+    assert got["openmp_threads"] == 1 and ind._threads == 1
+    if "openvino" not in arbiter.backend_names() or not arbiter.registry.get_backend_class(
+            "openvino")().available()[0]:
+        pytest.skip("openvino is not installed")
+    ov = arbiter.registry.get_backend_class("openvino")
+    monkeypatch.setattr(ov, "_budget_threads", None)
+    backend = ov()
+    assert backend.configure_resources(budget)["INFERENCE_NUM_THREADS"] == 1
+    assert backend.properties()["INFERENCE_NUM_THREADS"] == 1
