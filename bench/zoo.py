@@ -116,6 +116,13 @@ def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_
         t0 = time.perf_counter()
         model, args = examples.ZOO[model_name]()
         build_s = time.perf_counter() - t0
+    except BaseException as exc:
+        conn.send(("err", f"model build: {type(exc).__name__}: {exc}"[:300],
+                   traceback.format_exc()[-2000:]))
+        return
+    conn.send(("built", build_s))
+    conn.recv()  # built in parallel with the other workers; compile when told (one at a time)
+    try:
         with torch.no_grad():
             t0 = time.perf_counter()
             fn = _build_contender(contender, model, args, threads, measure_budget_s)
@@ -168,12 +175,34 @@ class Contender:
         self.round_medians: list[float] = []
         self.max_err = math.nan
 
-    def start(self, timeout: float) -> None:
+    def spawn(self) -> None:
         self.proc.start()
+
+    def _recv(self, timeout: float, what: str):
+        """The worker's next message, or None (the contender then fails, with why)."""
         if not self.conn.poll(timeout):
-            self.fail(f"compile did not finish within {timeout:.0f} s (killed)")
+            self.fail(f"{what} did not finish within {timeout:.0f} s (killed)")
+            return None
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            self.fail(f"the worker process died during {what} (exit code {self.proc.exitcode})")
+            return None
+
+    def wait_built(self, timeout: float) -> None:
+        msg = self._recv(timeout, "the model build")
+        if msg is not None and msg[0] == "err":
+            self.fail(msg[1])
+            log(msg[2])
+
+    def start(self, timeout: float) -> None:
+        if self.status != "ok":
             return
-        msg = self.conn.recv()
+        self.conn.send(("compile",))
+        msg = self._recv(timeout, "compile")
+        if msg is None:
+            return
         if msg[0] == "ok":
             _, _build_s, self.compile_s, self.outputs, self.summary = msg
         else:
@@ -188,10 +217,7 @@ class Contender:
 
     def run(self, k: int, timeout: float, probe_s: float = 0.0) -> list[float]:
         self.conn.send(("probe", probe_s) if probe_s else ("run", k))
-        if not self.conn.poll(timeout):
-            self.fail(f"a round of {k} runs did not finish within {timeout:.0f} s (killed)")
-            return []
-        return self.conn.recv()
+        return self._recv(timeout, "a timed round") or []
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -211,14 +237,19 @@ def log(msg: str) -> None:
 def bench_model(model: str, names: list[str], args) -> list[Contender]:
     import numpy as np
 
-    cs = []
-    for name in names:
-        c = Contender(model, name, args)
-        t0 = time.perf_counter()
+    # Workers import torch and build the model at the same time (cheaper than one after
+    # the other); then they compile one at a time, so compile times are not contended.
+    cs = [Contender(model, name, args) for name in names]
+    t0 = time.perf_counter()
+    for c in cs:
+        c.spawn()
+    for c in cs:
+        c.wait_built(args.compile_timeout)
+    log(f"  {model}: built in {len(cs)} processes in {time.perf_counter() - t0:.1f} s")
+    for c in cs:
         c.start(args.compile_timeout)
-        log(f"  {model}/{name}: {'compiled in %.1f s' % c.compile_s if c.status == 'ok' else c.error}"
-            f" ({time.perf_counter() - t0:.1f} s with the model build)")
-        cs.append(c)
+        log(f"  {model}/{c.name}: "
+            f"{'compiled in %.1f s' % c.compile_s if c.status == 'ok' else c.error}")
     live = [c for c in cs if c.status == "ok"]
     ref = next((c for c in live if c.name == "eager"), None)
     for c in live:
@@ -333,7 +364,7 @@ def main(argv=None) -> int:
     p.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--round-s", type=float, default=0.5,
+    p.add_argument("--round-s", type=float, default=1.0,
                    help="target seconds per contender per round (sets K per model)")
     p.add_argument("--max-iters", type=int, default=200, help="K at most")
     p.add_argument("--compile-timeout", type=float, default=300.0,
