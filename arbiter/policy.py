@@ -4,7 +4,7 @@ The candidates are whole-graph plans, each made by the linear partitioner:
 
 * ``priority``: the config's order (what policy `priority` runs);
 * ``only <backend>``: for every available compiled backend, that backend alone with the
-  fallback (eager) for what it cannot run.
+  fallback (eager) for what it cannot run; and ``only eager``: the fallback alone.
 
 Every single-backend placement is a candidate, so a policy choosing the cheapest of them
 (`cost`) or the fastest measured end to end (`measure`, see ``measure.py``) never picks
@@ -55,6 +55,10 @@ def candidates(arb: "Arbiter", gm: torch.fx.GraphModule) -> list[Candidate]:
         table = CapabilityTable([backend, fallback], exclude_ops=arb.config.exclude_ops,
                                 pin=arb.config.pin, unavailable=arb.unavailable)
         plans.append((ONLY + name, partition_graph(gm, table, arb.config.min_block_size)))
+    # The fallback alone (eager) is a single-backend placement too, and the fastest on
+    # tiny graphs where every compiled backend's per-call cost dominates (seed MLP).
+    alone = CapabilityTable([fallback])
+    plans.append((ONLY + fallback.name, partition_graph(gm, alone, arb.config.min_block_size)))
     inline = {n for n, b in arb.backends.items() if b.inline_aten}
     out: list[Candidate] = []
     seen: dict = {}

@@ -57,7 +57,7 @@ def test_every_single_backend_placement_is_a_candidate(slow_fast):
     cands = candidates(be, gm)
     labels = [lab for c in cands for lab in c.labels]
     assert labels[0] == "priority"
-    assert {"only slow", "only fast"} <= set(labels)
+    assert {"only slow", "only fast", "only eager"} <= set(labels)
     for c in cands:
         check_plan_invariants(c.plan, gm)
     only_fast = next(c for c in cands if "only fast" in c.labels)
@@ -74,16 +74,18 @@ def test_measure_chooses_the_fastest_measured(slow_fast, tmp_path, fresh_dynamo)
     assert plan.policy == "measure"
     times = plan.candidates_ms
     # priority == only slow (config order): measured; only fast: measured
-    assert set(times) == {"priority", "only slow", "only fast"}
+    assert set(times) == {"priority", "only slow", "only fast", "only eager"}
     assert all(v is not None for v in times.values()), times
-    assert plan.chosen == min(times, key=lambda k: (times[k], k != "only fast"))
-    assert plan.chosen == "only fast"
+    assert times[plan.chosen] == min(times.values())
     assert times["only slow"] >= SLOW_S * 1e3
-    assert {p.backend for p in plan.partitions} == {"fast"}
+    assert plan.chosen in ("only fast", "only eager")  # both beat a 4 ms sleep
+    chosen_backend = plan.chosen.removeprefix("only ")
+    assert {p.backend for p in plan.partitions} == {chosen_backend}
     # the report shows the chosen plan and what it measured
-    part = be.report().graphs[0].partitions[0]
-    assert part.planned_backend == "fast" and part.backend == "fast"
-    assert part.measured_ms.get("fast") is not None
+    part = be.report(advice=False).graphs[0].partitions[0]
+    assert part.planned_backend == chosen_backend and part.backend == chosen_backend
+    if chosen_backend == "fast":
+        assert part.measured_ms.get("fast") is not None
 
 
 def test_pieces_are_shared_between_candidates_and_the_final_plan(slow_fast, tmp_path, fresh_dynamo):
@@ -95,6 +97,7 @@ def test_pieces_are_shared_between_candidates_and_the_final_plan(slow_fast, tmp_
     fn(x)
     # one compile per backend: the winner's piece was compiled while measuring
     assert len(fast.compiled) == 1 and len(slow.compiled) == 1
+    assert _plan(be).chosen != "only slow"
 
 
 def test_budget_leaves_the_rest_to_the_cost_estimate(slow_fast, tmp_path, fresh_dynamo):
@@ -112,16 +115,17 @@ def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fre
     x = torch.randn(4, 8)
     be = arbiter.Arbiter(_config(tmp_path))
     torch.compile(f, backend=be)(x)
-    assert _plan(be).chosen == "only fast"
+    chosen = _plan(be).chosen
+    assert chosen in ("only fast", "only eager")
     torch._dynamo.reset()
     slow.compiled.clear()
     fast.compiled.clear()
     be2 = arbiter.Arbiter(_config(tmp_path))
     out = torch.compile(f, backend=be2)(x)
     torch.testing.assert_close(out, f(x))
-    assert _plan(be2).chosen == "only fast"
+    assert _plan(be2).chosen == chosen
     assert slow.compiled == []  # nothing was timed again
-    assert len(fast.compiled) == 1
+    assert len(fast.compiled) == (1 if chosen == "only fast" else 0)
     assert be2.cache.hits >= 1
 
 
