@@ -173,3 +173,13 @@ def test_probe_cli_errors(capsys):
     assert "nothing to probe" in capsys.readouterr().err
     assert main(["probe", "onnxruntime", "--dtypes", "float33"]) == 2
     assert "unknown dtype 'float33'" in capsys.readouterr().err
+
+
+def test_expanded_output_layout(fresh_dynamo):
+    """An output traced as an expanded view (stride 0) cannot be restrided by a copy;
+    the backend's dense result is handed on (found by the OpInfo sweep: `expand`)."""
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+    x = torch.randn(1, 4)
+    out = torch.compile(lambda x: (x * 2 + 1).expand(3, 4), backend=be)(x)
+    torch.testing.assert_close(out, (x * 2 + 1).expand(3, 4))
+    assert [p.backend for p in _parts(be)] == ["onnxruntime"]
