@@ -232,7 +232,12 @@ class OvRunner:
         self.compiled = compiled
         self.out_specs = specs
         self.input_copies = 0  # non-contiguous inputs made contiguous (one copy each)
+        self._record = None  # the piece's record: copies made here are counted in it
         self._local = threading.local()
+
+    def attach_record(self, record) -> None:
+        """Count the copies this runner makes into ``record.copies`` (runtime.Piece)."""
+        self._record = record
 
     def _request(self):
         r = getattr(self._local, "request", None)
@@ -249,6 +254,8 @@ class OvRunner:
             if not t.is_contiguous():
                 t = t.contiguous()
                 self.input_copies += 1
+                if self._record is not None:
+                    self._record.copies += 1
             keep.append(t)
             req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
         outs = []

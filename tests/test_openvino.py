@@ -4,6 +4,7 @@ partitions OpenVINO cannot convert."""
 from __future__ import annotations
 
 import threading
+import types
 
 import pytest
 import torch
@@ -81,9 +82,11 @@ def test_float32_is_in_force_by_default_and_inputs_outputs_share_memory():
 def test_non_contiguous_input_is_copied_once_and_correct():
     f, gm, x, w = _tiny()
     runner = OpenVino().compile(gm, [x, w])
+    record = types.SimpleNamespace(copies=0)  # what runtime.Piece attaches
+    runner.attach_record(record)
     xt = torch.randn(8, 4).t()
     torch.testing.assert_close(runner(xt, w)[0], f(xt, w)[0], **TOL)
-    assert runner.input_copies == 1
+    assert runner.input_copies == 1 and record.copies == 1
 
 
 def test_precision_option_reaches_the_plugin():
