@@ -214,7 +214,8 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
 
     manifest = backend.manifest()
     decomps = decomposition_table(manifest.decompositions)
-    result = ProbeResult(backend.name, backend.version(), torch.__version__, list(dtypes))
+    result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
+                         list(dtypes))
     infos = opinfos(ops)
     result.opinfos_total = len(infos)
     start = time.perf_counter()
@@ -224,12 +225,16 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
             break
         label = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
         supported = info.supported_dtypes("cpu")
-        for dname in dtypes:
-            dtype = DTYPES[dname]
-            if dtype not in supported:
-                continue
-            result.samples.append(_one(backend, manifest, info, label, dname, dtype,
-                                       decomps, result, tolerances))
+        try:
+            for dname in dtypes:
+                dtype = DTYPES[dname]
+                if dtype not in supported:
+                    continue
+                result.samples.append(_one(backend, manifest, info, label, dname, dtype,
+                                           decomps, result, tolerances))
+        except KeyboardInterrupt:  # Ctrl-C: stop, keep (and write) what is done
+            result.stopped_early = True
+            break
         result.opinfos_done += 1
         result.elapsed_s = time.perf_counter() - start
         if progress is not None:
@@ -310,8 +315,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     c = result.counts()
     out["probe"] = {
         "date": datetime.date.today().isoformat(),
-        "torch": result.torch_version,
-        "backend_version": result.backend_version,
+        "torch": str(result.torch_version),
+        "backend_version": str(result.backend_version),
         "dtypes_tried": list(result.dtypes),
         "opinfos": f"{result.opinfos_done}/{result.opinfos_total}",
         "samples_passed": c["passed"],
