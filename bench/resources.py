@@ -168,6 +168,57 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
             "compile_s": compile_s, "resources": report.resources}
 
 
+def concurrency(calls: int) -> None:
+    """Two independent partitions (two ORT sessions, the same (64,512)x(512,512) matmul
+    and tanh chain, 4 deep) run one after the other vs. at the same time in two threads
+    (ORT releases the GIL while it runs), under the coordinated budget (global pool
+    without workers: 1 thread per run). The upper bound of what running independent
+    partitions concurrently could gain; ``seq-2threads`` is the alternative use of the
+    second core (a global pool of 2, spinning)."""
+    import concurrent.futures
+
+    import numpy as np
+    import onnx
+    import onnx.helper as h
+    import onnxruntime as ort
+
+    mode = os.environ.get("BENCH_POOL", "1")
+    ort.set_global_thread_pool_sizes(int(mode), 1)
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(4):
+        w = onnx.numpy_helper.from_array(rng.random((512, 512), dtype=np.float32) / 512, f"w{i}")
+        inits.append(w)
+        nodes += [h.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+                  h.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
+        prev = f"t{i}"
+    vi = h.make_tensor_value_info
+    g = h.make_graph(nodes, "g", [vi("x", onnx.TensorProto.FLOAT, [64, 512])],
+                     [vi(prev, onnx.TensorProto.FLOAT, [64, 512])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    so = ort.SessionOptions()
+    so.use_per_session_threads = False
+    a, b = (ort.InferenceSession(model.SerializeToString(), so) for _ in range(2))
+    x = {"x": rng.random((64, 512), dtype=np.float32)}
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def seq():
+        a.run(None, x)
+        b.run(None, x)
+
+    def par():
+        f = pool.submit(a.run, None, x)
+        b.run(None, x)
+        f.result()
+
+    rows = {}
+    for _ in range(3):  # interleaved rounds
+        for name, fn in (("sequential", seq), ("concurrent", par)):
+            rows.setdefault(name, []).append(timeit(fn, calls) * 1e3)
+    print(json.dumps({f"pool{mode}-{k}": statistics.median(v) for k, v in rows.items()}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=20)
@@ -176,7 +227,19 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--cache", default="/tmp/arbiter-bench-resources-cache")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--concurrency", action="store_true",
+                    help="only measure two independent partitions run concurrently")
     args = ap.parse_args()
+    if args.concurrency:
+        if args.child:
+            concurrency(args.calls)
+            return
+        for pool in ("1", "2"):
+            out = subprocess.run([sys.executable, __file__, "--concurrency", "--child", "x",
+                                  "--calls", str(args.calls)], capture_output=True, text=True,
+                                 env={**os.environ, "BENCH_POOL": pool}, check=True)
+            print(out.stdout.strip())
+        return
     if args.child:
         print(json.dumps(child(args.child, args.k, args.calls, args.cache)))
         return
