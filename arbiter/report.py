@@ -192,11 +192,11 @@ class Report(BaseModel):
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)
-        breaks = f"; graph breaks {self.graph_breaks.breaks}" if self.graph_breaks else ""
+        breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
                 f"{'planned' if self.dry_run else 'ran'}: {share or '-'}; "
-                f"fallbacks {falls}{breaks}")
+                f"fallbacks: {falls}{breaks}")
 
     def __str__(self) -> str:
         return render_text(self)

@@ -57,7 +57,7 @@ def test_ops_coverage_and_placement(split_report):
     # a dry run's placement is the plan, labelled as such
     assert g.placement == {"eager (planned)": excluded, "onnxruntime (planned)": g.nodes - excluded}
     assert split_report.summary() == ("1 graph(s), 7 partition(s); planned: onnxruntime 94%, "
-                                      "eager 6%; fallbacks 0; graph breaks 0")
+                                      "eager 6%; fallbacks: 0; graph breaks: 0")
 
 
 def test_boundaries_and_bytes(split_report):
@@ -118,10 +118,11 @@ def test_fallback_is_reported_never_claimed(make_backend, fresh_dynamo):
     assert p.fallbacks[0].stage == "compile" and "boom at compile" in p.fallbacks[0].reason
     assert rep.graphs[0].placement == {"onnxruntime": p.nodes}  # what ran, not the plan
     assert all(set(o.placed) == {"onnxruntime"} for o in rep.graphs[0].ops)
-    assert "failing" not in rep.summary() and "fallbacks 1" in rep.summary()
+    assert "failing" not in rep.summary() and "fallbacks: 1" in rep.summary()
     text = render(rep)
     assert "fallback partition 0 at compile: failing -> onnxruntime" in text
     assert "boom at compile" in text and "(planned failing)" in text
+    assert "[at test_report.py:" in text  # the reason's location prints as data, not markup
     page = render_html(rep)
     assert 'data-backend="onnxruntime"' in page and 'data-backend="failing"' not in page
     assert "fell-back" in page and "boom at compile" in page
