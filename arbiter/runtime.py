@@ -142,6 +142,7 @@ class Piece:
         self._verify_every = int(getattr(verify, "every_n", 1) or 1)
         self._tolerances = getattr(verify, "tolerances", None)
         self._since_compile = 0  # calls of the current backend (verify `every`)
+        self._device_checks = 2  # calls left whose output devices are checked
         self._verify_pending = False  # verify `first`: the next call is checked
         self.timed = False  # set by a timed run (the report's per-partition times)
 
@@ -170,7 +171,10 @@ class Piece:
                 self._demote_from(level, "run", _reason(exc), args)
                 continue  # retry: the graphs are functional, the failed call changed nothing
             if self._specs is not None:
-                why = check_meta(out, self._specs)
+                devices = self._device_checks > 0  # first calls only: see check_meta
+                if devices:
+                    self._device_checks -= 1
+                why = check_meta(out, self._specs, devices)
                 if why is not None:
                     self._demote_from(level, "run", f"wrong output: {why}", args)
                     continue
@@ -250,6 +254,7 @@ class Piece:
                 failure = (backend.name, ("compile", _reason(exc)))
                 log.debug("compile failure detail", exc_info=True)
         self._since_compile = 0
+        self._device_checks = 2
         self._verify_pending = not backend.inline_aten
         self.record.backend = backend.name
         self.record.compile_s += time.perf_counter() - start
