@@ -302,6 +302,7 @@ def render(results: dict[str, list[Contender]], args, started: str, load0, load1
         f"{'**SMOKE RUN** (not the full zoo): ' if args.smoke_note else ''}"
         f"{started} UTC; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"no GPU; {'; '.join(versions)}; float32, batch 1, {args.threads} threads; "
+        f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default)')}; "
         f"{args.rounds} interleaved rounds per model; wall time {wall_s / 60:.1f} min.",
         "",
         f"Load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end; measured "
@@ -372,6 +373,12 @@ def main(argv=None) -> int:
     p.add_argument("--measure-budget", type=float, default=60.0,
                    help="measure.time_budget_s of arbiter_measure")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
+    p.add_argument("--deadline-min", type=float, default=35.0,
+                   help="do not start a model when the average model so far would end "
+                        "past this many minutes; such models are listed as not run")
+    p.add_argument("--omp-passive", action="store_true",
+                   help="OMP_WAIT_POLICY=PASSIVE in every worker (torch's OpenMP threads "
+                        "sleep instead of spinning; helps on an oversubscribed machine)")
     p.add_argument("--smoke-note", action="store_true",
                    help="mark the results as a smoke run in the output")
     args = p.parse_args(argv)
@@ -379,11 +386,19 @@ def main(argv=None) -> int:
     # Every worker is spawned with these; torch's OpenMP pool reads them at start.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load0, others = os.getloadavg(), other_busy_processes()
     t_start = time.perf_counter()
     results: dict[str, list[Contender]] = {}
+    skipped: list[str] = []
     for i, model in enumerate(args.models):
+        done = time.perf_counter() - t_start
+        if i and done + done / i > args.deadline_min * 60:
+            skipped = args.models[i:]
+            log(f"deadline: {done / 60:.1f} min spent; not running {', '.join(skipped)}")
+            break
         log(f"[{i + 1}/{len(args.models)}] {model}: {len(args.contenders)} contenders")
         results[model] = bench_model(model, args.contenders, args)
         done = time.perf_counter() - t_start
@@ -392,6 +407,9 @@ def main(argv=None) -> int:
             f"about {left / 60:.1f} min left (average per model so far)")
     text = render(results, args, started, load0, os.getloadavg(), others,
                   time.perf_counter() - t_start)
+    if skipped:
+        text += (f"\nNot run (--deadline-min {args.deadline_min:g} would have been passed): "
+                 f"{', '.join(skipped)}.\n")
     Path(args.out).write_text(text + "\n")
     print(text)
     return 0
