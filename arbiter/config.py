@@ -53,6 +53,9 @@ class MeasureOptions(BaseModel):
     repeats: int = Field(5, ge=1, description="timed runs per candidate; the median counts")
     warmup: int = Field(2, ge=0, description="untimed runs before timing (at least one "
                         "always runs: it compiles)")
+    refine: bool = Field(True, description="after the whole-graph candidates, move one "
+                         "partition of the best at a time to another able backend, keeping "
+                         "moves that beat it by more than 3% (Collage-style), within the budget")
     progress: bool = Field(True, description="show a progress line on stderr when "
                            "measuring takes more than 2 s (it is logged at INFO anyway)")
 

@@ -38,7 +38,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from .capability import is_mutating
+from .capability import NodeSupport, is_getitem, is_mutating
+from .cost import load_table, node_us, plan_ms
+from .ops import op_name
+from .partition import Plan, partition_graph
 from .policy import PRIORITY, Candidate
 
 if TYPE_CHECKING:
@@ -48,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: Work longer than this shows a progress line on stderr (logging has it at INFO anyway).
 PROGRESS_AFTER_S = 2.0
+#: A refinement step is kept only when it beats the best so far by more than this.
+REFINE_MARGIN = 0.03
 
 
 class MeasuredGraph:
@@ -67,6 +72,7 @@ class MeasuredGraph:
         self._fn: Callable = self._first_call
         self.chosen: Optional[Candidate] = None
         self.from_cache = False
+        self._progress_shown = False
         self.__name__ = f"measured_{label}"
 
     def __call__(self, *args: Any) -> Any:
@@ -88,6 +94,13 @@ class MeasuredGraph:
             key = fingerprint(self._gm, args, self._arb.decision_parts(), self._constants)
             hit = cache.get_json("decision", key)
             by_label = {c.label: c for c in self.candidates}
+            if isinstance(hit, dict) and hit.get("label") not in by_label \
+                    and isinstance(hit.get("steer"), dict):
+                # a refined placement: rebuilt from its node -> backend map
+                refined = Candidate(hit["label"], self._steered_plan(hit["steer"]), 0.0,
+                                    steer=hit["steer"])
+                self.candidates.append(refined)
+                by_label[refined.label] = refined
             if isinstance(hit, dict) and hit.get("label") in by_label:
                 for c in self.candidates:
                     ms = (hit.get("measured_ms") or {}).get(c.label)
@@ -104,7 +117,7 @@ class MeasuredGraph:
         self._install(chosen, per_part)
         if cache is not None and key is not None:
             cache.put_json("decision", key, {
-                "label": chosen.label,
+                "label": chosen.label, "steer": chosen.steer,
                 "measured_ms": {c.label: c.measured_ms for c in self.candidates
                                 if c.measured_ms is not None}})
 
@@ -119,28 +132,101 @@ class MeasuredGraph:
         # Priority first (always measured: it is what the user gets without measuring),
         # then the others by estimate, cheapest first, so the budget goes to the likeliest.
         order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
-        shown = False
         with torch.random.fork_rng(devices=[]):
-            for k, cand in enumerate(order):
-                elapsed = time.perf_counter() - start
-                if cand.label != PRIORITY and elapsed > opts.time_budget_s:
-                    log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
-                             "cost estimate", self._label, opts.time_budget_s, len(order) - k)
-                    break
-                msg = (f"{self._label}: measuring candidate {k + 1}/{len(order)} "
-                       f"({cand.label}), {elapsed:.1f} s")
-                log.info(msg)
-                if opts.progress and elapsed > PROGRESS_AFTER_S:
-                    sys.stderr.write(f"\rarbiter: {msg}   ")
-                    sys.stderr.flush()
-                    shown = True
-                self._time(cand, args, start, per_part)
-        if shown:
+            self._measure_candidates(order, args, start, per_part, opts)
+            if opts.refine:
+                self._refine(args, start, per_part)
+        if self._progress_shown:
             sys.stderr.write("\n")
         log.info("%s: measured %s", self._label, ", ".join(
             f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
             else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
         return per_part
+
+    def _progress(self, msg: str, elapsed: float) -> None:
+        log.info(msg)
+        if self._arb.config.measure.progress and elapsed > PROGRESS_AFTER_S:
+            sys.stderr.write(f"\rarbiter: {msg}   ")
+            sys.stderr.flush()
+            self._progress_shown = True
+
+    def _measure_candidates(self, order, args, start, per_part, opts) -> None:
+        for k, cand in enumerate(order):
+            elapsed = time.perf_counter() - start
+            if cand.label != PRIORITY and elapsed > opts.time_budget_s:
+                log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
+                         "cost estimate", self._label, opts.time_budget_s, len(order) - k)
+                break
+            self._progress(f"{self._label}: measuring candidate {k + 1}/{len(order)} "
+                           f"({cand.label}), {elapsed:.1f} s", elapsed)
+            self._time(cand, args, start, per_part)
+
+    # -- refinement (Collage-style) ------------------------------------------------
+    def _steered_plan(self, prefer: dict) -> Plan:
+        """A plan where each named node goes to the backend ``prefer`` names, where it
+        can run it (the partitioner still enforces acyclicity and min_block_size)."""
+        base = self.candidates[0].plan  # priority: every backend's answer for each node
+        table = _Steered(base.support, prefer, self._arb.table.fallback_name)
+        return partition_graph(self._gm, table, self._arb.config.min_block_size)
+
+    @staticmethod
+    def _arb_cost_table():
+        return load_table()
+
+    def _refine(self, args, start, per_part) -> None:
+        """Move one partition of the best measured placement at a time to another
+        backend able to run all of it; keep a move when the whole graph gets faster by
+        more than REFINE_MARGIN (timings here are noisy); stop when the budget is spent."""
+        opts = self._arb.config.measure
+        best = self._pick()
+        if best.measured_ms is None:
+            return
+        support = self.candidates[0].plan.support
+        prefer = {n.name: p.backend for p in best.plan.partitions for n in p.nodes}
+        seen = {_plan_key(c.plan) for c in self.candidates}
+        inline = {n for n, b in self._arb.backends.items() if b.inline_aten}
+        for part in sorted(best.plan.partitions, key=lambda p: -p.size):
+            compute = [n for n in part.nodes if not is_getitem(n)]
+            if not compute:
+                continue
+            common = [b for b in support[compute[0]].candidates
+                      if b != part.backend and all(b in support[n].candidates for n in compute)]
+            # Moves tried: the whole partition, then each op of it alone (ops whose
+            # nodes cost most, by the estimate, first): finer cuts than whole partitions,
+            # as Collage explores, in a number of steps linear in the partition's ops.
+            by_op: dict = {}
+            for n in compute:
+                by_op.setdefault(op_name(n.target), []).append(n)
+            cost_of = self._arb_cost_table().of(part.backend)
+            ops = sorted(by_op, key=lambda o: -sum(node_us(n, cost_of) for n in by_op[o]))
+            moves = [(f"{len(compute)} nodes", part.nodes)]
+            if len(ops) > 1:
+                moves += [(f"its {len(by_op[o])} {o}", by_op[o]) for o in ops]
+            for backend in common:
+                for what, nodes in moves:
+                    elapsed = time.perf_counter() - start
+                    if elapsed > opts.time_budget_s:
+                        log.info("%s: measure budget spent during refinement", self._label)
+                        return
+                    trial = dict(prefer)
+                    for n in nodes:
+                        trial[n.name] = backend
+                    plan = self._steered_plan(trial)
+                    key = _plan_key(plan)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    cand = Candidate(f"refine: {what} of a {part.backend} partition (first "
+                                     f"{compute[0].name}) to {backend}", plan,
+                                     plan_ms(plan, inline), steer=trial)
+                    self.candidates.append(cand)
+                    self._progress(f"{self._label}: refining ({cand.label}), {elapsed:.1f} s",
+                                   elapsed)
+                    self._time(cand, args, start, per_part)
+                    if cand.measured_ms < best.measured_ms * (1 - REFINE_MARGIN):
+                        best, prefer = cand, trial
+                    else:
+                        cand.eligible = False
 
     def _time(self, cand: Candidate, args: list, start: float, per_part: dict) -> None:
         opts = self._arb.config.measure
@@ -170,6 +256,7 @@ class MeasuredGraph:
 
     def _pick(self) -> Candidate:
         measured = [c for c in self.candidates if c.measured_ms is not None]
+        pool = [c for c in self.candidates if c.eligible]
         ratios = [c.measured_ms / c.estimate_ms for c in measured if c.estimate_ms > 0]
         scale = statistics.median(ratios) if ratios else 1.0
 
@@ -179,7 +266,7 @@ class MeasuredGraph:
             # measured beats predicted on a tie; then config order
             return (ms, c.measured_ms is None, i)
 
-        return min(enumerate(self.candidates), key=score)[1]
+        return min(enumerate(pool), key=score)[1]
 
     def _install(self, chosen: Candidate, per_part: dict) -> None:
         fn, records = self._build(chosen)
@@ -210,3 +297,27 @@ def _pieces(fn: Any) -> list:
         return []
     return [n.target for n in graph.nodes
             if n.op == "call_function" and isinstance(n.target, Piece)]
+
+
+def _plan_key(plan: Plan) -> tuple:
+    return tuple((b, tuple(names)) for b, names in plan.as_lists())
+
+
+class _Steered:
+    """The part of a CapabilityTable the partitioner reads, with each node's preferred
+    backend moved to the front of the backends able to run it."""
+
+    def __init__(self, support: dict, prefer: dict, fallback_name: str):
+        self._support = support
+        self._prefer = prefer
+        self.fallback_name = fallback_name
+
+    def support_all(self, nodes) -> list:
+        out = []
+        for n in nodes:
+            s = self._support[n]
+            b = self._prefer.get(n.name)
+            if b is not None and b in s.candidates and s.candidates[0] != b:
+                s = NodeSupport((b, *(c for c in s.candidates if c != b)), s.refusals)
+            out.append(s)
+        return out

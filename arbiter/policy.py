@@ -38,6 +38,8 @@ class Candidate:
     estimate_ms: float
     measured_ms: Optional[float] = None  # median of an end-to-end timing, when measured
     also: list[str] = field(default_factory=list)  # labels of candidates equal to this one
+    steer: Optional[dict] = None  # refined placements: node name -> backend (measure.py)
+    eligible: bool = True  # False: a refinement step that did not beat its base enough
 
     @property
     def labels(self) -> list[str]:

@@ -66,7 +66,7 @@ def test_every_single_backend_placement_is_a_candidate(slow_fast):
 
 def test_measure_chooses_the_fastest_measured(slow_fast, tmp_path, fresh_dynamo):
     slow, fast = slow_fast
-    be = arbiter.Arbiter(_config(tmp_path))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False))  # refinement: tests below
     x = torch.randn(4, 8)
     out = torch.compile(f, backend=be)(x)
     torch.testing.assert_close(out, f(x))
@@ -90,7 +90,7 @@ def test_measure_chooses_the_fastest_measured(slow_fast, tmp_path, fresh_dynamo)
 
 def test_pieces_are_shared_between_candidates_and_the_final_plan(slow_fast, tmp_path, fresh_dynamo):
     slow, fast = slow_fast
-    be = arbiter.Arbiter(_config(tmp_path))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False))
     fn = torch.compile(f, backend=be)
     x = torch.randn(4, 8)
     fn(x)
@@ -174,3 +174,53 @@ def test_choose_by_cost_breaks_ties_by_order(slow_fast):
     for c in cands:
         c.estimate_ms = 1.0
     assert choose_by_cost(cands) is cands[0]
+
+
+# Synthetic timings: `mul` is cheap on `fast`, everything else is cheap on `slow`, eager
+# is slow at all. The best placement mixes the two, which no single-backend candidate
+# is: refinement must find it.
+_COST = {"fast": {"mul": 1, "other": 5}, "slow": {"mul": 5, "other": 1},
+         "eager": {"mul": 5, "other": 5}}
+
+
+def _synthetic_time(self, cand, args, start, per_part):
+    cand.measured_ms = float(sum(
+        _COST[p.backend]["mul" if "mul" in str(n.target) else "other"]
+        for p in cand.plan.partitions for n in p.nodes))
+
+
+def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
+        slow_fast, tmp_path, monkeypatch, fresh_dynamo):
+    from arbiter.measure import MeasuredGraph
+
+    x = torch.randn(4, 8)
+    with monkeypatch.context() as m:
+        m.setattr(MeasuredGraph, "_time", _synthetic_time)
+        be = arbiter.Arbiter(_config(tmp_path))
+        torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    plan = _plan(be)
+    assert plan.chosen.startswith("refine:") and "aten.mul.Tensor" in plan.chosen
+    assert plan.candidates_ms[plan.chosen] == 4.0  # vs 8 for the best single backend
+    assert plan.candidates_ms["only slow"] == 8.0
+    placed = {n.name: p.backend for p in plan.partitions for n in p.nodes}
+    assert placed == {"mul": "fast", "add": "slow", "relu": "slow", "add_1": "slow"}
+    check_plan_invariants(plan, plan.graph_module)
+    # a new process-like Arbiter replays the refined choice from the cache, timing nothing
+    torch._dynamo.reset()
+    be2 = arbiter.Arbiter(_config(tmp_path))
+    torch.testing.assert_close(torch.compile(f, backend=be2)(x), f(x))
+    plan2 = _plan(be2)
+    assert plan2.chosen == plan.chosen
+    assert {n.name: p.backend for p in plan2.partitions for n in p.nodes} == placed
+
+
+def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkeypatch,
+                                                     fresh_dynamo):
+    from arbiter.measure import MeasuredGraph
+
+    monkeypatch.setattr(MeasuredGraph, "_time", _synthetic_time)
+    be = arbiter.Arbiter(_config(tmp_path, refine=False))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    plan = _plan(be)
+    assert plan.chosen == "priority"  # == only slow, the best single backend (8)
+    assert not any(k.startswith("refine") for k in plan.candidates_ms)
