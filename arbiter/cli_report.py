@@ -18,6 +18,9 @@ from pathlib import Path
 
 
 def add_arguments(parser) -> None:
+    import argparse
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the examples' lines
     parser.add_argument("model", help="built-in example name, or path/to/file.py:factory")
     parser.add_argument("--config", action="append", default=None,
                         help="config file or shipped name; repeat to compare side by side")
