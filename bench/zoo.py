@@ -367,7 +367,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--round-s", type=float, default=1.0,
                    help="target seconds per contender per round (sets K per model)")
-    p.add_argument("--max-iters", type=int, default=200, help="K at most")
+    p.add_argument("--max-iters", type=int, default=2000, help="K at most")
     p.add_argument("--compile-timeout", type=float, default=300.0,
                    help="seconds a contender may take to build (killed after)")
     p.add_argument("--measure-budget", type=float, default=60.0,
