@@ -4,7 +4,7 @@
                                              [--out arbiter/cost_table.yaml] [--rounds 7]
 
 Per backend, four tiny ATen graphs are compiled with the backend's own ``compile`` (eager
-runs the graph in place) and timed, median of ``--rounds`` rounds of an inner loop:
+runs the graph in place) and timed, the minimum of ``--rounds`` rounds of an inner loop:
 
 * ``x + 1`` on 8 floats: the per-call cost (``call_us``; 0 for eager, which runs in place,
   whose cost is then all per node);
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,9 @@ def _time_us(fn, args, rounds: int) -> float:
         for _ in range(n):
             fn(*args)
         samples.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(samples)
+    # The minimum, not the median: on a shared machine noise only ever adds time, and
+    # the table should describe the machine, not its neighbours.
+    return min(samples)
 
 
 def _chain(k):
