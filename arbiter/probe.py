@@ -12,7 +12,8 @@ Blame and credit, per ATen overload:
   op read and wrote there;
 * a sample that fails blames its op only when its graph has a single op (a graph of
   several ops says nothing about which one failed);
-* a sample is skipped when its graph holds an op that is not in the manifest, an
+* a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
+  (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
   in-place or random op (arbiter never hands those to a backend), or when every
   (op, dtype) in it has already passed.
 
@@ -243,7 +244,17 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     return result
 
 
+def _nondeterministic(info) -> bool:
+    """OpInfos whose outputs no comparison can judge (uninitialized memory, randomness),
+    by PyTorch's own flags on them."""
+    return bool(getattr(info, "has_nondeterministic_output", False)
+                or getattr(info, "skip_correctness_check_compile_vs_eager", False))
+
+
 def _one(backend, manifest, info, label, dname, dtype, decomps, result, tolerances) -> SampleResult:
+    if _nondeterministic(info):
+        return SampleResult(label, dname, [], "skipped", "nondeterministic",
+                            "outputs are uninitialized or random: nothing to compare")
     try:
         sample = _pick_sample(info, dtype)
         if sample is None:

@@ -11,6 +11,8 @@ and classified:
 * ``eager_only``: equal, nothing went to a compiling backend (the manifests refused it);
 * ``failed``: a wrong answer, or an exception where torch's own ``aot_eager`` backend
   runs the sample (a crash that is ours);
+* ``nondeterministic``: OpInfos whose outputs cannot be compared (``empty*``,
+  ``rrelu``: PyTorch's own flags say so); not run;
 * ``torch_failed``: ``aot_eager`` fails too (Dynamo or AOT cannot take the sample: not
   ours to fix; counted, not failed).
 
@@ -28,7 +30,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import arbiter
-from arbiter.probe import _pick_sample, opinfos
+from arbiter.probe import _nondeterministic, _pick_sample, opinfos
 from arbiter.verify import compare
 from torch.utils import _pytree as pytree
 
@@ -73,6 +75,8 @@ def _run(fn, tensors, backend):
 
 def sweep_one(info, dtype: torch.dtype) -> tuple[str, str]:
     """(category, detail) for one OpInfo sample; see the module docstring."""
+    if _nondeterministic(info):
+        return "nondeterministic", "uninitialized or random outputs: nothing to compare"
     sample = _pick_sample(info, dtype)
     if sample is None:
         return "no_sample", ""
@@ -118,7 +122,9 @@ def sweep(infos, dtypes, log=None) -> tuple[collections.Counter, list]:
             counts[cat] += 1
             if cat == "failed":
                 failures.append(f"{info.name}.{info.variant_test_name} [{dtype}]: {detail}")
-        if log is not None and (k % 20 == 19 or k == len(infos) - 1):
+                if log is not None:
+                    print(f"[sweep] failed: {failures[-1]}", file=log, flush=True)
+        if log is not None and (k % 10 == 9 or k == len(infos) - 1):
             print(f"[sweep] {k + 1}/{len(infos)} OpInfos {dict(counts)} "
                   f"{time.perf_counter() - start:.0f} s", file=log, flush=True)
     return counts, failures
