@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench zoo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/partition_scaling.py
 	$(PY) bench/stitch_overhead.py
+
+# the model zoo against every single backend (~35 min on 2 cores) -> bench/RESULTS.md
+zoo: $(STAMP)
+	$(PY) bench/zoo.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
