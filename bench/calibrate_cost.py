@@ -1,7 +1,7 @@
 """Calibrate policy `cost` (arbiter/cost.py): write arbiter/cost_table.yaml.
 
     .venv/bin/python bench/calibrate_cost.py [--backends eager onnxruntime inductor]
-                                             [--out arbiter/cost_table.yaml] [--rounds 7]
+                                             [--out arbiter/cost_table.yaml] [--rounds 30]
 
 Per backend, four tiny ATen graphs are compiled with the backend's own ``compile`` (eager
 runs the graph in place) and timed, the minimum of ``--rounds`` rounds of an inner loop:
@@ -33,9 +33,13 @@ from arbiter.registry import get_backend_class
 
 
 def _time_us(fn, args, rounds: int) -> float:
-    fn(*args)
+    # Warm up for 50 ms: the first heavy calls of a process (torch's first matmul, say)
+    # measured 100x slower than later ones, for every round of a first timing.
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:
+        fn(*args)
     n, t = 1, 0.0
-    while t < 0.02:  # inner loop long enough for the clock
+    while t < 0.002:  # short rounds: more of them run undisturbed on a busy machine
         n *= 2
         t0 = time.perf_counter()
         for _ in range(n):
@@ -103,16 +107,34 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", nargs="*", default=None)
     ap.add_argument("--out", default=str(Path(arbiter.__file__).parent / "cost_table.yaml"))
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # The process's first heavy torch ops are slow: here a 256^3 matmul ran at 20-30 ms
+    # (not 0.18 ms) in every round, directly or through a traced graph, until a second
+    # make_fx trace had run; the cause is unknown (torch's OpenMP pool under a loaded
+    # machine?). Two throwaway traces and half a second of work come before any timing.
+    warm = torch.randn(512, 512)
+    for _ in range(2):
+        _compiled("eager", lambda a, b: (a @ b,), (warm, warm))
+    end = time.perf_counter() + 0.5
+    while time.perf_counter() < end:
+        warm @ warm
+        warm * 2.0
     names = args.backends or [n for n in arbiter.backend_names()
                               if get_backend_class(n)(None).available()[0]]
-    rows = {}
-    for name in names:
-        print(f"calibrating {name} ...", file=sys.stderr, flush=True)
-        rows[name] = calibrate(name, args.rounds)
-        print(f"  {rows[name]}", file=sys.stderr, flush=True)
+    rows: dict = {}
+    # Two passes over the backends, the best of each number kept: a pass can still hit
+    # the slow state described above for one op (eager's matmul did, in the first pass).
+    for attempt in range(2):
+        for name in names:
+            print(f"calibrating {name} (pass {attempt + 1}) ...", file=sys.stderr, flush=True)
+            row = calibrate(name, args.rounds)
+            old = rows.get(name)
+            if old is not None:
+                row = {k: (min if k.endswith("_us") else max)(row[k], old[k]) for k in row}
+            rows[name] = row
+            print(f"  {row}", file=sys.stderr, flush=True)
     compiled = [n for n in names if not get_backend_class(n).inline_aten]
     bnd = round(boundary_us(compiled[0], args.rounds), 2) if compiled else 1.0
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
