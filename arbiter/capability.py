@@ -29,12 +29,44 @@ SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
+_PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
 
 
 def is_random(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers. Attention ops carry the random tag for their
+    ``dropout_p`` argument; with ``dropout_p == 0`` (every inference graph) they draw
+    nothing and may go to any backend able to run them."""
     target = node.target
-    return isinstance(target, torch._ops.OpOverload) and \
-        torch.Tag.nondeterministic_seeded in target.tags
+    if not (isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    index = _dropout_index(target)
+    if index is None:
+        return True
+    arg = target._schema.arguments[index]
+    p = node.args[index] if index < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+    return not (isinstance(p, (int, float)) and p == 0)
+
+
+_DROPOUT_INDEX: dict[Any, Optional[int]] = {}
+
+
+def _dropout_index(target: torch._ops.OpOverload) -> Optional[int]:
+    """Position of a ``dropout_p`` argument of a random-tagged op, or None."""
+    try:
+        return _DROPOUT_INDEX[target]
+    except KeyError:
+        names = [a.name for a in target._schema.arguments]
+        index = _DROPOUT_INDEX[target] = names.index("dropout_p") if "dropout_p" in names else None
+        return index
+
+
+def random_depends_on_args(node: torch.fx.Node) -> bool:
+    """Whether ``is_random`` of this node's op depends on its arguments (not the op alone)."""
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags
+            and _dropout_index(target) is not None)
 
 
 def is_mutating(node: torch.fx.Node) -> bool:
@@ -143,6 +175,8 @@ class CapabilityTable:
         kind = self._kinds.get(target)
         if kind is None:
             kind = self._kinds[target] = self._kind(node)
+        if kind is _PER_NODE:
+            kind = (("random", target), RANDOM) if is_random(node) else _COMPUTE
         if kind is _COMPUTE:
             if produces_tensor(node):
                 descs = tensor_descs(node, memo)
@@ -196,6 +230,8 @@ class CapabilityTable:
             return ("notaten", target), NOT_ATEN
         if is_mutating(node):
             return ("mutates", target), MUTATES
+        if random_depends_on_args(node):
+            return _PER_NODE
         if is_random(node):
             return ("random", target), RANDOM
         return _COMPUTE

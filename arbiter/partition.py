@@ -31,7 +31,8 @@ from typing import Optional
 
 import torch.fx
 
-from .capability import CapabilityTable, NodeSupport, is_getitem, is_mutating, is_random
+from .capability import (CapabilityTable, NodeSupport, is_getitem, is_mutating, is_random,
+                         random_depends_on_args)
 
 
 @dataclass
@@ -165,7 +166,9 @@ def _order_mutations(nodes, index, users, indeg) -> None:
     for m, node in enumerate(nodes):
         kind = kinds.get(node.target)
         if kind is None:
-            kind = kinds[node.target] = (is_random(node), is_mutating(node))
+            kind = (is_random(node), is_mutating(node))
+            if not random_depends_on_args(node):
+                kinds[node.target] = kind
         random, mutating = kind
         if random:
             if last_random >= 0 and m not in users[last_random]:
