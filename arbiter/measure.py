@@ -96,9 +96,12 @@ class MeasuredGraph:
             by_label = {c.label: c for c in self.candidates}
             if isinstance(hit, dict) and hit.get("label") not in by_label \
                     and isinstance(hit.get("steer"), dict):
-                # a refined placement: rebuilt from its node -> backend map
-                refined = Candidate(hit["label"], self._steered_plan(hit["steer"]), 0.0,
-                                    steer=hit["steer"])
+                # a refined placement: rebuilt from its node -> backend map, kept by node
+                # position (the key ignores node names, so names may differ)
+                names = [n.name for n in self._gm.graph.nodes]
+                steer = {names[int(i)]: b for i, b in hit["steer"].items()
+                         if str(i).isdigit() and int(i) < len(names)}
+                refined = Candidate(hit["label"], self._steered_plan(steer), 0.0, steer=steer)
                 self.candidates.append(refined)
                 by_label[refined.label] = refined
             if isinstance(hit, dict) and hit.get("label") in by_label:
@@ -116,8 +119,11 @@ class MeasuredGraph:
         chosen = self._pick()
         self._install(chosen, per_part)
         if cache is not None and key is not None:
+            pos = {n.name: i for i, n in enumerate(self._gm.graph.nodes)}
             cache.put_json("decision", key, {
-                "label": chosen.label, "steer": chosen.steer,
+                "label": chosen.label,
+                "steer": {str(pos[k]): b for k, b in chosen.steer.items() if k in pos}
+                if chosen.steer else None,
                 "measured_ms": {c.label: c.measured_ms for c in self.candidates
                                 if c.measured_ms is not None}})
 
