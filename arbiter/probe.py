@@ -324,16 +324,24 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     out = dict(doc)
     out["ops"] = dict(sorted(ops.items()))
     c = result.counts()
+    # A later probe of other OpInfos (--ops) on the same versions adds to the record.
+    prev = doc.get("probe") or {}
+    same = (prev.get("torch") == str(result.torch_version)
+            and prev.get("backend_version") == str(result.backend_version))
+    if not same:
+        prev = {}
+    opinfos_run = f"{result.opinfos_done}/{result.opinfos_total}"
     out["probe"] = {
         "date": datetime.date.today().isoformat(),
         "torch": str(result.torch_version),
         "backend_version": str(result.backend_version),
-        "dtypes_tried": list(result.dtypes),
-        "opinfos": f"{result.opinfos_done}/{result.opinfos_total}",
-        "samples_passed": c["passed"],
-        "samples_failed": c["failed"],
-        "samples_skipped": c["skipped"],
-        "failed": failed,
+        "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
+                               key=order.index),
+        "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,
+        "samples_passed": prev.get("samples_passed", 0) + c["passed"],
+        "samples_failed": prev.get("samples_failed", 0) + c["failed"],
+        "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
+        "failed": dict(sorted({**prev.get("failed", {}), **failed}.items())),
     }
     return out
 

@@ -96,3 +96,19 @@ def test_probe_finds_a_real_ort_failure():
     result = probe(backend, ops=["addmm"], dtypes=["float32", "int64"])
     assert "float32" in result.passed["aten.addmm.default"]
     assert "int64" in result.failed["aten.addmm.default"]
+
+
+def test_second_probe_adds_to_the_record():
+    from arbiter.probe import ProbeResult, SampleResult
+
+    r = ProbeResult("x", "x 1.0", str(torch.__version__), ["int64"])
+    r.samples.append(SampleResult("mul", "int64", ["aten.mul.Tensor"], "passed"))
+    r.opinfos_done = r.opinfos_total = 1
+    r.passed["aten.mul.Tensor"] = {"int64"}
+    prev = {"torch": str(torch.__version__), "backend_version": "x 1.0", "opinfos": "5/5",
+            "dtypes_tried": ["float32"], "samples_passed": 4, "samples_failed": 1,
+            "samples_skipped": 0, "failed": {"aten.sin.default": "float32: numbers"}}
+    new = manifest_update({"backend": "x", "ops": {"aten.mul.Tensor": {}}, "probe": prev}, r)
+    assert new["probe"]["samples_passed"] == 5 and new["probe"]["opinfos"] == "5/5 + 1/1"
+    assert new["probe"]["dtypes_tried"] == ["float32", "int64"]
+    assert "aten.sin.default" in new["probe"]["failed"]
