@@ -16,6 +16,7 @@ variants taking turns over ``--rounds`` rounds; the medians over rounds are repo
 * ``uncoordinated-nospin``: the same with ``allow_spinning: false`` (the runtime before
   the budget existed).
 * ``one-session``: nothing excluded: the same ops in one ORT session (the RSS baseline).
+* ``one-session-spin`` (only with ``--variants``): the same with ``spin: onnxruntime``.
 
 Measured per process: peak RSS (``VmHWM``) and its growth over the RSS after imports,
 threads (``Threads`` in /proc/self/status, after the timed calls), the latency of the
@@ -47,6 +48,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 VARIANTS = ["coordinated", "coordinated-spin", "uncoordinated", "uncoordinated-nospin",
             "one-session"]
+EXTRA = ["one-session-spin"]  # --variants one-session one-session-spin: what spin none
+                               # costs a graph that ONNX Runtime runs whole
 
 
 def config(variant: str, cache: str) -> dict:
@@ -58,8 +61,10 @@ def config(variant: str, cache: str) -> dict:
     elif variant.startswith("uncoordinated"):
         cfg["resources"] = {"coordinate": False}
         ort["options"] = {"allow_spinning": variant == "uncoordinated"}
-    elif variant == "one-session":
+    elif variant.startswith("one-session"):
         cfg["exclude_ops"] = []
+        if variant == "one-session-spin":
+            cfg["resources"] = {"spin": "onnxruntime"}
     return cfg
 
 
@@ -156,6 +161,7 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
         gm = stitched[0]
         Recorder(gm).run(*seen[0])
         parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls) for f, a, kw in steps)
+        stitched_s = timeit(lambda: gm(*seen[0]), calls)  # without Dynamo's and AOT's wrappers
     names: dict = {}
     for tid in os.listdir("/proc/self/task"):
         with open(f"/proc/self/task/{tid}/comm") as f:
@@ -163,6 +169,7 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
         names[name] = names.get(name, 0) + 1
     return {"variant": variant, "threads": status("Threads"), "thread_names": names, "peak_rss_mb": status("VmHWM") / 1024,
             "rss_growth_mb": (status("VmHWM") - rss0) / 1024, "latency_ms": latency * 1e3,
+            "stitched_ms": stitched_s * 1e3, "rss_end_mb": status("VmRSS") / 1024,
             "parts_alone_ms": parts_s * 1e3, "steps": len(steps), "ort_partitions": ort_parts,
             "partitions": len(parts), "fallbacks": fallbacks, "max_error": err,
             "compile_s": compile_s, "resources": report.resources}
@@ -224,7 +231,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS + EXTRA)
     ap.add_argument("--cache", default="/tmp/arbiter-bench-resources-cache")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", action="store_true",
@@ -262,18 +269,21 @@ def main() -> None:
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at end")
     med = {v: {key: statistics.median(run[key] for run in runs)
                for key in ("threads", "peak_rss_mb", "rss_growth_mb", "latency_ms",
-                           "parts_alone_ms", "compile_s", "max_error")}
+                           "parts_alone_ms", "compile_s", "max_error", "stitched_ms",
+                           "rss_end_mb")}
            for v, runs in results.items()}
     base = med.get("one-session")
-    print(f"\n| variant | ORT partitions | threads | peak RSS MB | RSS growth MB | "
-          f"RSS / one session | latency ms | parts alone ms | latency / parts |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| variant | ORT partitions | threads | peak RSS MB | RSS after runs MB | "
+          f"peak RSS / one session | latency ms | stitched ms | parts alone ms | "
+          f"latency / parts | stitched / parts |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for v, m in med.items():
         first = results[v][0]
         ratio = f"{m['peak_rss_mb'] / base['peak_rss_mb']:.2f}" if base else "-"
         print(f"| {v} | {first['ort_partitions']} | {m['threads']:.0f} | {m['peak_rss_mb']:.0f} | "
-              f"{m['rss_growth_mb']:.0f} | {ratio} | {m['latency_ms']:.2f} | "
-              f"{m['parts_alone_ms']:.2f} | {m['latency_ms'] / m['parts_alone_ms']:.2f} |")
+              f"{m['rss_end_mb']:.0f} | {ratio} | {m['latency_ms']:.2f} | {m['stitched_ms']:.2f} | "
+              f"{m['parts_alone_ms']:.2f} | {m['latency_ms'] / m['parts_alone_ms']:.2f} | "
+              f"{m['stitched_ms'] / m['parts_alone_ms']:.2f} |")
     print(f"\ntargets: threads <= cores + 2 = {cores + 2}; RSS <= 1.2x one session; "
           "latency <= 1.1x the parts alone")
     for v, runs in results.items():
