@@ -99,8 +99,6 @@ class OnnxRuntime(Backend):
         return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
-        import onnxruntime as ort
-
         for a in example_inputs:
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"non-tensor partition input {type(a).__name__} "

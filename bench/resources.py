@@ -273,9 +273,9 @@ def main() -> None:
                            "rss_end_mb")}
            for v, runs in results.items()}
     base = med.get("one-session")
-    print(f"\n| variant | ORT partitions | threads | peak RSS MB | RSS after runs MB | "
-          f"peak RSS / one session | latency ms | stitched ms | parts alone ms | "
-          f"latency / parts | stitched / parts |")
+    print("\n| variant | ORT partitions | threads | peak RSS MB | RSS after runs MB | "
+          "peak RSS / one session | latency ms | stitched ms | parts alone ms | "
+          "latency / parts | stitched / parts |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for v, m in med.items():
         first = results[v][0]
