@@ -311,7 +311,10 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     for op, dts in result.passed.items():
         key = op  # an overload: a probe verifies overloads, not whole packets
         entry = dict(ops.get(key) or ops.get(packet_name(op)) or {})
-        entry["dtypes"] = sorted(dts, key=order.index)
+        # dtypes a manifest cannot name (complex32, unsigned ints...) are left out
+        entry["dtypes"] = sorted((d for d in dts if d in DTYPES), key=order.index)
+        if not entry["dtypes"]:
+            continue
         entry["verified"] = "probed"
         ops[key] = entry
     failed = {}
