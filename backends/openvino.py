@@ -71,13 +71,26 @@ def _cat_of_legacy_empty(node) -> Optional[str]:
     return None
 
 
+def _full_variance(node) -> Optional[str]:
+    # Measured (openvino 2026.4, `arbiter probe openvino --ops var std`): a variance over
+    # every dimension with a correction is wrong (error 0.007 on a 5x5x5 tensor, 0.195 on
+    # OpInfo's sample); over given dimensions, and with correction 0, it is right.
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    correction = node.kwargs.get("correction", 1)
+    if dim in (None, []) and correction != 0:
+        return "variance over all dimensions with a correction is computed wrongly"
+    return None
+
+
 @register_backend
 class OpenVino(Backend):
     name = "openvino"
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
     validators = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
-                  "aten.concatenate.default": _cat_of_legacy_empty}
+                  "aten.concatenate.default": _cat_of_legacy_empty,
+                  "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
+                  "aten.var_mean.correction": _full_variance}
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -107,8 +120,9 @@ class OpenVino(Backend):
         args = tuple(a.detach() for a in example_inputs)
         model = convert(gm, args)
         core = ov.Core()
+        passthrough = _passthrough_outputs(model)
         compiled = core.compile_model(model, self.options.device, self.properties())
-        return OvRunner(compiled, args, _output_vals(gm))
+        return OvRunner(compiled, args, _output_vals(gm), passthrough)
 
     _budget_threads = None  # set by configure_resources, process-wide
 
@@ -186,6 +200,23 @@ def convert(gm: torch.fx.GraphModule, args: tuple):
     return model
 
 
+def _passthrough_outputs(model) -> dict[int, int]:
+    """output index -> input index, for outputs that are a model input as it is.
+
+    The CPU plugin does not write such an output into a buffer bound with
+    ``set_output_tensor``: the buffer keeps whatever it held (found by ``arbiter probe``:
+    ``clone`` and ``alias_copy`` returned uninitialized memory, errors up to 1.7e22).
+    The runner copies the input in torch instead. Reshapes of an input are not affected:
+    they are a node of their own."""
+    by_node = {p.get_friendly_name(): i for i, p in enumerate(model.get_parameters())}
+    found = {}
+    for k, out in enumerate(model.outputs):
+        src = out.get_node().input_value(0).get_node()
+        if src.get_type_name() == "Parameter":
+            found[k] = by_node[src.get_friendly_name()]
+    return found
+
+
 def _conversion_summary(message: str) -> str:
     """The ops OpenVINO's frontend names as failed, and the first reason it gives; its
     full message (tens of lines, starting with a C++ source location) stays on the cause."""
@@ -210,7 +241,8 @@ def _output_vals(gm: torch.fx.GraphModule) -> list:
 class OvRunner:
     """Runs one compiled model: inputs and outputs share memory with torch tensors."""
 
-    def __init__(self, compiled, example_args: tuple, out_vals: list):
+    def __init__(self, compiled, example_args: tuple, out_vals: list,
+                 passthrough: Optional[dict[int, int]] = None):
         n_in, n_out = len(compiled.inputs), len(compiled.outputs)
         if n_in != len(example_args):
             raise RuntimeError(f"converted model has {n_in} inputs, partition has "
@@ -231,6 +263,7 @@ class OvRunner:
             specs.append((tuple(int(s) for s in v.shape), v.dtype))
         self.compiled = compiled
         self.out_specs = specs
+        self.passthrough = dict(passthrough or {})  # output -> input it is (copied in torch)
         self.input_copies = 0  # non-contiguous inputs made contiguous (one copy each)
         self._record = None  # the piece's record: copies made here are counted in it
         self._local = threading.local()
@@ -260,6 +293,10 @@ class OvRunner:
             req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
         outs = []
         for i, (shape, dtype) in enumerate(self.out_specs):
+            j = self.passthrough.get(i)
+            if j is not None:
+                outs.append(args[j].clone())  # the plugin would leave a bound buffer unwritten
+                continue
             o = torch.empty(shape, dtype=dtype)
             req.set_output_tensor(i, ov.Tensor(_as_numpy(o), shared_memory=True))
             outs.append(o)
