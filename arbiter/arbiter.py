@@ -99,7 +99,8 @@ class Arbiter:
             from .resources import apply as apply_resources
 
             apply_resources(self.config.resources,
-                            [b for n, b in self.backends.items() if n not in self.unavailable])
+                            [b for n, b in self.backends.items() if n not in self.unavailable],
+                            first_backend=self.config.backends[0].name)
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:

@@ -61,10 +61,15 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def resolve(options: Any) -> Budget:
-    """A Budget from the config's ``resources:`` (``config.ResourcesOptions``)."""
+def resolve(options: Any, first_backend: str = "none") -> Budget:
+    """A Budget from the config's ``resources:`` (``config.ResourcesOptions``).
+
+    ``spin: auto`` gives the spin to ``first_backend``, the config's first backend, which
+    by priority takes the most nodes: a backend whose pool may not spin may get fewer
+    threads (ONNX Runtime's global pool gets no workers), and the backend doing most of
+    the work needs them most."""
     threads = cores() if options.threads == "auto" else int(options.threads)
-    spin = "none" if options.spin == "auto" else options.spin
+    spin = first_backend if options.spin == "auto" else options.spin
     return Budget(threads=threads, spin=spin, shared_arena=options.shared_arena,
                   coordinate=options.coordinate)
 
@@ -84,7 +89,7 @@ _in_force: dict[str, Any] = {}       # "torch" / backend name -> its settings
 _configured: set[str] = set()        # backends already given the budget
 
 
-def apply(options: Any, backends: Iterable[Any]) -> dict[str, Any]:
+def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") -> dict[str, Any]:
     """Apply the config's ``resources:`` to torch and ``backends``, once per process.
 
     The first call fixes the process's budget; later calls configure backends not
@@ -92,7 +97,7 @@ def apply(options: Any, backends: Iterable[Any]) -> dict[str, Any]:
     own options ask for something else. Returns the settings in force.
     """
     global _budget
-    wanted = resolve(options)
+    wanted = resolve(options, first_backend)
     with _lock:
         if _budget is None:
             _budget = wanted

@@ -80,15 +80,25 @@ def sessions(resources: str, n: int) -> dict:
 
 
 def test_budget_sets_torch_threads_and_one_ort_pool_without_workers():
-    got = sessions("{'threads': 1}", 10)
+    got = sessions("{'threads': 1, 'spin': 'none'}", 10)
     assert got["torch_threads"] == 1
-    # spin none (the default): ORT's global pool has no worker threads, however many
-    # sessions there are
+    # spin none: ORT's global pool has no worker threads, however many sessions there are
     assert got["added_threads"] == 0, got
     res = got["report"]
     assert res["budget"]["threads"] == 1 and res["budget"]["spin"] == "none"
     assert res["onnxruntime"]["pool"] == "global, 1 thread(s)"
     assert res["onnxruntime"]["arena"].startswith("one, shared")
+
+
+def test_spin_auto_goes_to_the_first_backend():
+    from arbiter.config import ResourcesOptions
+    from arbiter.resources import resolve
+
+    assert resolve(ResourcesOptions(), "onnxruntime").spin == "onnxruntime"
+    assert resolve(ResourcesOptions(spin="none"), "onnxruntime").spin == "none"
+    got = sessions("{'threads': 2}", 3)  # auto, ONNX Runtime first: its pool gets 2 threads
+    assert got["report"]["budget"]["spin"] == "onnxruntime"
+    assert got["report"]["onnxruntime"]["pool"] == "global, 2 thread(s)"
 
 
 def test_spin_owner_gets_the_global_pool_and_uncoordinated_sessions_each_get_one():
