@@ -118,15 +118,19 @@ class OnnxRuntime(Backend):
 
     # -- threads, spinning, arena (arbiter/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
-        """One global thread pool and one arena for every session of the process.
+        """Threads and one arena for every session of the process.
 
-        Both must exist before the first session that uses them, and cannot change
-        after. ORT's Python API sets only the global pool's sizes, not its spinning:
-        with ``session.intra_op.allow_spinning=0`` and ``session.force_spinning_stop=1``
-        its worker still burned 40 ms of CPU in the 200 ms after a run (measured). So
-        unless this backend owns the spin budget (``resources: {spin: onnxruntime}``) the
-        pool gets no worker threads (size 1: kernels run on the calling thread), which
-        also keeps the thread count flat however many sessions there are.
+        ORT's Python API sets only the sizes of its global pool, not its spinning: with
+        ``session.intra_op.allow_spinning=0`` and ``session.force_spinning_stop=1`` its
+        worker still burned 40 ms of CPU in the 200 ms after a run (measured). So:
+        - when this backend owns the spin (``resources: {spin: ...}``; ``auto`` gives it to
+          the config's first backend), one global pool of the budget's threads serves
+          every session (few threads, spinning);
+        - otherwise each session gets its own pool of the budget's threads with spinning
+          off (per-session pools honour ``allow_spinning=0``: 0.1 ms of CPU after a run).
+          A pool without workers (size 1) was tried first and lost half the speed:
+          GPT-2 small 224 ms against 123 ms (docs/resources.md).
+        The arena is registered once, before the first session.
         """
         if not budget.coordinate:
             return {"coordinated": False, "pool": "per session (ONNX Runtime's defaults)",
@@ -138,23 +142,23 @@ class OnnxRuntime(Backend):
             settings["pool"] = (f"per session, {self.options.intra_op_num_threads} "
                                 "threads (backend option intra_op_num_threads)")
             settings["allow_spinning"] = self.options.allow_spinning
-        else:
-            spin = budget.may_spin(self.name)
-            size = budget.threads if spin else 1
+        elif budget.may_spin(self.name):
             try:
-                ort.set_global_thread_pool_sizes(size, 1)
-                _PROCESS["global_pool"] = size
-                settings["pool"] = f"global, {size} thread(s)"
-                settings["allow_spinning"] = spin and size > 1
-                if not spin and budget.threads > 1:
-                    settings["note"] = ("global pool has no workers: its spinning cannot "
-                                        "be turned off; `resources: {spin: onnxruntime}` "
-                                        f"gives it {budget.threads} threads (spinning)")
+                ort.set_global_thread_pool_sizes(budget.threads, 1)
+                _PROCESS["global_pool"] = budget.threads
+                settings["pool"] = f"global, {budget.threads} thread(s)"
+                settings["allow_spinning"] = budget.threads > 1
             except Exception as exc:  # noqa: BLE001 - the pool exists already
-                settings["pool"] = ("per session, spinning off (global pool could not be "
-                                    f"set: {str(exc).strip()[:160]})")
+                settings["pool"] = (f"per session, {budget.threads} thread(s), spinning off "
+                                    f"(global pool could not be set: {str(exc).strip()[:160]})")
                 settings["allow_spinning"] = False
+                _PROCESS["session_threads"] = budget.threads
                 _PROCESS["no_spin"] = True
+        else:
+            _PROCESS["session_threads"] = budget.threads
+            _PROCESS["no_spin"] = True
+            settings["pool"] = f"per session, {budget.threads} thread(s), spinning off"
+            settings["allow_spinning"] = False
         if budget.shared_arena:
             mem = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
                                     ort.OrtMemType.DEFAULT)
@@ -182,6 +186,8 @@ class OnnxRuntime(Backend):
         explicit = "intra_op_num_threads" in self.options.model_fields_set
         if self.options.intra_op_num_threads is not None:
             so.intra_op_num_threads = self.options.intra_op_num_threads
+        elif "session_threads" in _PROCESS:
+            so.intra_op_num_threads = _PROCESS["session_threads"]
         if "global_pool" in _PROCESS and not explicit:
             so.use_per_session_threads = False
         else:

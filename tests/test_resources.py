@@ -80,14 +80,22 @@ def sessions(resources: str, n: int) -> dict:
 
 
 def test_budget_sets_torch_threads_and_one_ort_pool_without_workers():
-    got = sessions("{'threads': 1, 'spin': 'none'}", 10)
+    got = sessions("{'threads': 1}", 10)
     assert got["torch_threads"] == 1
-    # spin none: ORT's global pool has no worker threads, however many sessions there are
+    # ORT owns the spin (auto, first backend): one global pool of 1 thread has no
+    # workers, however many sessions there are
     assert got["added_threads"] == 0, got
     res = got["report"]
-    assert res["budget"]["threads"] == 1 and res["budget"]["spin"] == "none"
+    assert res["budget"]["threads"] == 1 and res["budget"]["spin"] == "onnxruntime"
     assert res["onnxruntime"]["pool"] == "global, 1 thread(s)"
     assert res["onnxruntime"]["arena"].startswith("one, shared")
+
+
+def test_without_the_spin_ort_sessions_get_the_budget_with_spinning_off():
+    got = sessions("{'threads': 2, 'spin': 'none'}", 3)
+    assert got["report"]["onnxruntime"]["pool"] == "per session, 2 thread(s), spinning off"
+    assert got["per_session_threads"] is True
+    assert got["added_threads"] == 3, got  # one worker per session, sleeping when idle
 
 
 def test_spin_auto_goes_to_the_first_backend():
