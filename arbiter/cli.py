@@ -66,6 +66,8 @@ def cmd_explain(args) -> int:
     from .explain import explain
 
     model, inputs = load_model(args.model)
+    if args.inference and isinstance(model, torch.nn.Module):
+        model.eval()
     with torch.no_grad() if args.inference else _null():
         report = explain(model, *inputs, config=args.config)
     print(report)
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("explain", help="the partition plan for a model, without compiling")
     p.add_argument("model")
     p.add_argument("--config", default=None)
-    p.add_argument("--inference", action="store_true", help="trace under torch.no_grad()")
+    p.add_argument("--inference", action="store_true", help="model.eval(), traced under torch.no_grad()")
     p = sub.add_parser("demo", help="compile a model across backends; report and speed")
     p.add_argument("--model", default="gpt2_tiny")
     p.add_argument("--config", default=None)

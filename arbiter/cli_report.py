@@ -32,7 +32,7 @@ def add_arguments(parser) -> None:
                         help="after compiling, time N calls (per-partition times and shares)")
     parser.add_argument("--train", action="store_true",
                         help="trace with gradients: forward and backward graphs "
-                             "(default: inference, under torch.no_grad)")
+                             "(default: inference: model.eval(), under torch.no_grad)")
     parser.add_argument("--no-breaks", action="store_true",
                         help="skip counting Dynamo's graph breaks (torch._dynamo.explain)")
     parser.add_argument("--width", type=int, default=100, help="terminal width of the tables")
@@ -132,6 +132,8 @@ def run(args) -> int:
 
     model, inputs = load_model(args.model)
     inputs = tuple(inputs)
+    if not args.train and isinstance(model, torch.nn.Module):
+        model.eval()  # inference: dropout off, batch norm on running statistics
     breaks = None
     if not args.no_breaks:
         with torch.enable_grad() if args.train else torch.no_grad():

@@ -152,7 +152,7 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
            f'<p class="summary">{_e(("[dry run] " if r.dry_run else "") + r.summary())}</p>',
            f"<p>model {_e(r.model or '-')} · config {_e(r.config or 'default')} · "
            f"{_e(r.created)}</p>",
-           "<p>versions: " + _e(", ".join(f"{k} {v}" for k, v in r.versions.items())) + "</p>"]
+           "<p>versions: " + _e("; ".join(f"{k}: {v}" for k, v in r.versions.items())) + "</p>"]
     for b in r.backends:
         if not b.available:
             out.append(f'<p class="warn">backend {_e(b.name)} unavailable: {_e(b.reason)}</p>')

@@ -145,7 +145,7 @@ def renderables(report: Report):
     head.append(f"config {report.label or report.config or 'default'}")
     head.append(report.created)
     yield _e(" | ".join(head))
-    yield _e("versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
+    yield _e("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
     for b in report.backends:
         if not b.available:
             yield f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
