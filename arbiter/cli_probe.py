@@ -30,7 +30,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
-    from .errors import ArbiterError
+    from .errors import ArbiterError, require_known
     from .manifest import DTYPES
     from .probe import DEFAULT_DTYPES, probe, stderr_progress, summarize_failures, write_manifest
     from .registry import get_backend_class
@@ -43,9 +43,10 @@ def run(args) -> int:
     if backend.inline_aten:
         raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
     dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
-    for d in dtypes:
-        if d not in DTYPES:
-            raise ArbiterError(f"--dtypes: unknown dtype {d!r}; valid: {', '.join(DTYPES)}")
+    try:
+        require_known("dtype", dtypes, DTYPES)
+    except ValueError as exc:
+        raise ArbiterError(f"--dtypes: {exc}") from None
     result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
                    progress=stderr_progress())
     print(result.summary())

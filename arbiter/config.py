@@ -25,7 +25,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ArbiterError, ConfigError, UnknownBackendError, UnknownOpError, did_you_mean
+from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
+                     did_you_mean, require_known)
 from .ops import resolve
 from .yamlsrc import Located, load_file, validation_error
 
@@ -99,10 +100,7 @@ class VerifyOptions(BaseModel):
     def _known_dtypes(cls, v: dict[str, "Tolerance"]) -> dict[str, "Tolerance"]:
         from .manifest import DTYPES
 
-        for name in v:
-            if name not in DTYPES:
-                raise ValueError(f"unknown dtype {name!r}{did_you_mean(name, DTYPES)}; "
-                                 f"valid: {', '.join(DTYPES)}")
+        require_known("dtype", v, DTYPES)
         return v
 
 
@@ -137,10 +135,7 @@ class ResourcesOptions(BaseModel):
     def _spin_owner(cls, v: str) -> str:
         from .registry import backend_names
 
-        valid = ["auto", "none", *backend_names()]
-        if v not in valid:
-            raise ValueError(f"unknown spin owner {v!r}{did_you_mean(v, valid)}; "
-                             f"valid: {', '.join(valid)}")
+        require_known("spin owner", [v], ["auto", "none", *backend_names()])
         return v
 
 

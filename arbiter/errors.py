@@ -15,6 +15,22 @@ def did_you_mean(word: str, options: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def unknown_name(what: str, name: str, valid: Iterable[str]) -> str:
+    """The message for a name that is not one of ``valid``: "unknown dtype 'x' (did you
+    mean 'y'?); valid: a, b"."""
+    valid = [str(v) for v in valid]
+    return f"unknown {what} {name!r}{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
+
+
+def require_known(what: str, names: Iterable[str], valid: Iterable[str]) -> None:
+    """Raise ValueError (pydantic turns it into a located error) for the first of
+    ``names`` that is not in ``valid``."""
+    valid = list(valid)
+    for name in names:
+        if name not in valid:
+            raise ValueError(unknown_name(what, name, valid))
+
+
 class ArbiterError(Exception):
     """Base class of every error torch-arbiter raises deliberately."""
 

@@ -31,7 +31,7 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ConfigError, ManifestError, UnknownOpError, did_you_mean
+from .errors import ConfigError, ManifestError, UnknownOpError, require_known
 from .ops import packet_name, resolve
 from .yamlsrc import Located, load_file, load_text, validation_error
 
@@ -46,22 +46,12 @@ DEVICES = ("cpu", "cuda", "xpu", "mps", "meta")
 
 
 def _check_dtypes(v: Optional[list[str]]) -> Optional[list[str]]:
-    if v is None:
-        return v
-    for name in v:
-        if name not in DTYPES:
-            raise ValueError(f"unknown dtype {name!r}{did_you_mean(name, DTYPES)}; "
-                             f"valid: {', '.join(DTYPES)}")
+    require_known("dtype", v or (), DTYPES)
     return v
 
 
 def _check_devices(v: Optional[list[str]]) -> Optional[list[str]]:
-    if v is None:
-        return v
-    for name in v:
-        if name not in DEVICES:
-            raise ValueError(f"unknown device {name!r}{did_you_mean(name, DEVICES)}; "
-                             f"valid: {', '.join(DEVICES)}")
+    require_known("device", v or (), DEVICES)
     return v
 
 

@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx
@@ -127,10 +127,9 @@ def _pick_sample(opinfo, dtype: torch.dtype):
     return first
 
 
-def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
-    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
+def sample_fn(opinfo, sample):
+    """(fn, real input tensors) for one OpInfo sample: ``fn(*tensors)`` calls the op with
+    the sample's other arguments and returns its tensor outputs as a tuple."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     tensors = [leaves[i].detach().clone() for i in idx]
@@ -141,10 +140,22 @@ def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
             vals[i] = t
         inp, args, kwargs = pytree.tree_unflatten(vals, spec)
         out = opinfo.op(inp, *args, **kwargs)
-        flat = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        return tuple(o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor))
+
+    return fn, tensors
+
+
+def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
+    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    call, tensors = sample_fn(opinfo, sample)
+
+    def fn(*ts):
+        flat = call(*ts)
         if not flat:
             raise TypeError("the op returned no tensor")
-        return tuple(flat)
+        return flat
 
     gm = make_fx(fn, tracing_mode="fake", decomposition_table=decompositions or {})(*tensors)
     return gm, tensors

@@ -17,7 +17,7 @@ import io
 import logging
 import threading
 import warnings
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field

@@ -30,9 +30,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import arbiter
-from arbiter.probe import _nondeterministic, _pick_sample, opinfos
+from arbiter.probe import _nondeterministic, _pick_sample, opinfos, sample_fn
 from arbiter.verify import compare
-from torch.utils import _pytree as pytree
 
 #: OpInfos for the CI sweep: elementwise, reductions, matmuls, normalizations, shape
 #: ops, indexing, comparisons; 2-4 s each on a loaded 2-core machine.
@@ -47,22 +46,6 @@ CI_OPINFOS = [
 #: The default config with min_block_size 1: a sample is one or a few ops, and the
 #: default's 3 would hand most of them to eager untested.
 SWEEP_CONFIG = arbiter.load_config(None).model_copy(update={"min_block_size": 1})
-
-
-def _sample_fn(info, sample):
-    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-    idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-    tensors = [leaves[i].detach().clone() for i in idx]
-
-    def fn(*ts):
-        vals = list(leaves)
-        for i, t in zip(idx, ts):
-            vals[i] = t
-        inp, args, kwargs = pytree.tree_unflatten(vals, spec)
-        out = info.op(inp, *args, **kwargs)
-        return tuple(o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor))
-
-    return fn, tensors
 
 
 def _run(fn, tensors, backend):
@@ -80,7 +63,7 @@ def sweep_one(info, dtype: torch.dtype) -> tuple[str, str]:
     sample = _pick_sample(info, dtype)
     if sample is None:
         return "no_sample", ""
-    fn, tensors = _sample_fn(info, sample)
+    fn, tensors = sample_fn(info, sample)
     torch.manual_seed(0)
     try:
         with torch.no_grad():
