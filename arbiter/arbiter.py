@@ -152,13 +152,14 @@ class Arbiter:
             cands = candidates(self, gm)
             # `cost` picks here; `measure` starts from the cost pick's rival, priority,
             # and times them all on the first call (see measure.py).
-            plan = choose_by_cost(cands).plan if policy == "cost" else cands[0].plan
+            picked = choose_by_cost(cands) if policy == "cost" else cands[0]
+            plan = picked.plan
             plan.policy = policy
             plan.candidates_ms = {label: None for c in cands for label in c.labels}
             plan.estimates_ms = {label: round(c.estimate_ms, 4)
                                  for c in cands for label in c.labels}
             if policy == "cost":
-                plan.chosen = choose_by_cost(cands).label
+                plan.chosen = picked.label
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)
