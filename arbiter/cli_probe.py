@@ -1,6 +1,8 @@
 """`arbiter probe BACKEND`: run PyTorch's OpInfo samples through one backend alone and
 through eager; print what passed and failed; with --write, mark the manifest's entries
-that passed `verified: probed` (with the dtypes that passed) and drop the ops that failed.
+that passed `verified: probed` (`probed_dtypes:` the dtypes that passed), drop from each
+op's `dtypes:` those tried and never passed (untried ones stay, as declared), and drop
+the ops whose samples alone all failed (arbiter.probe.manifest_update).
 
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.
@@ -20,7 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit-s", type=float, default=None,
                         help="stop starting new OpInfos after this many seconds")
     parser.add_argument("--write", action="store_true",
-                        help="update capabilities/<backend>.yaml with what passed")
+                        help="update capabilities/<backend>.yaml: what passed, the dtypes "
+                             "that failed, the ops that failed")
     parser.add_argument("--out", default=None, metavar="PATH",
                         help="with --write: write the updated manifest here instead")
     parser.add_argument("--json", default=None, metavar="PATH",

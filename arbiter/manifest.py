@@ -11,6 +11,10 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
       dynamic: false          # can it take symbolic (dynamic) shapes?
       verified: declared      # `declared`, or the probe that confirmed the entry
     ops:
+      aten.mm.default:        # written by `arbiter probe --write`:
+        dtypes: [float32, float64, int64]   # what may run: declared minus tried-and-failed
+        verified: probed
+        probed_dtypes: [float32]            # the dtypes that passed the probe
       aten.addmm.default: {}  # one overload
       aten.gelu: {}           # every overload of aten.gelu
       aten.convolution.default: {max_rank: 5, note: "2-D and 3-D only"}
@@ -67,9 +71,13 @@ class OpEntry(BaseModel):
     max_rank: Optional[int] = Field(None, ge=0, description="largest tensor rank accepted")
     verified: Optional[str] = Field(None, description="`declared`, or the probe that "
                                     "confirmed this entry")
+    probed_dtypes: Optional[list[str]] = Field(
+        None, description="dtypes that passed `arbiter probe` (a subset of the allowed "
+        "dtypes); the others allowed are declared, not verified")
     note: Optional[str] = Field(None, description="free text shown in reports")
 
-    _dtypes = field_validator("dtypes")(classmethod(lambda cls, v: _check_dtypes(v)))
+    _dtypes = field_validator("dtypes", "probed_dtypes")(
+        classmethod(lambda cls, v: _check_dtypes(v)))
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
 
 
@@ -110,6 +118,9 @@ class ProbeInfo(BaseModel):
     samples_skipped: int = 0
     failed: dict[str, str] = Field(default_factory=dict, description="ops removed "
                                    "because every sample of them alone failed, with why")
+    dtypes_dropped: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="op -> {dtype: why}: declared dtypes a sample "
+        "with the op tried and no sample passed, so the op no longer allows them")
 
 
 class Manifest(BaseModel):
@@ -147,8 +158,13 @@ class Manifest(BaseModel):
         if entry is None:
             return None
         d = self.defaults
+        # `dtypes: []` (every declared dtype failed the probe) allows none: only an
+        # absent list means the defaults.
         return ResolvedEntry(
-            dtypes=frozenset(DTYPES[n] for n in (entry.dtypes or d.dtypes)),
+            dtypes=frozenset(DTYPES[n] for n in (d.dtypes if entry.dtypes is None
+                                                 else entry.dtypes)),
+            probed_dtypes=None if entry.probed_dtypes is None
+            else frozenset(DTYPES[n] for n in entry.probed_dtypes),
             devices=frozenset(entry.devices or d.devices),
             dynamic=d.dynamic if entry.dynamic is None else entry.dynamic,
             max_rank=entry.max_rank,
@@ -164,6 +180,7 @@ class ResolvedEntry(BaseModel):
     dynamic: bool
     max_rank: Optional[int]
     verified: str
+    probed_dtypes: Optional[frozenset] = None  # None: the probe did not record them
 
 
 def _validate(located: Located, backend: Optional[str]) -> Manifest:
@@ -174,7 +191,13 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
     if backend is not None and manifest.backend != backend:
         raise located.error(("backend",), f"manifest is for backend {manifest.backend!r}, "
                             f"expected {backend!r}", ManifestError)
-    for name in manifest.ops:
+    for name, entry in manifest.ops.items():
+        allowed = manifest.defaults.dtypes if entry.dtypes is None else entry.dtypes
+        extra = [d for d in entry.probed_dtypes or () if d not in allowed]
+        if extra:
+            raise located.error(("ops", name, "probed_dtypes"), f"{', '.join(extra)} passed "
+                                f"the probe but the entry does not allow it (dtypes: "
+                                f"{', '.join(allowed) or 'none'})", ManifestError)
         if name == "*":
             continue
         try:

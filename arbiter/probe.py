@@ -10,18 +10,26 @@ against eager ATen on the same inputs (``arbiter.verify``, per-dtype tolerances)
 Blame and credit, per ATen overload:
 * a sample that passes credits every op of its graph with the dtypes of the tensors each
   op read and wrote there;
-* a sample that fails blames its op only when its graph has a single op (a graph of
-  several ops says nothing about which one failed);
+* a sample that fails marks every op of its graph as tried and not passed in the dtypes
+  its tensors had there (``ProbeResult.failed_dtypes``), but blames the op as a whole only
+  when its graph has a single op (a graph of several ops says nothing about which one
+  failed);
 * a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
   (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
   in-place or random op (arbiter never hands those to a backend), or when every
   (op, dtype) in it has already passed.
 
-``write_manifest`` turns the result into manifest entries: ops that passed become
-``verified: probed`` with the dtypes that passed; ops whose single-op samples all failed
-are removed (listed with the reason under ``probe.failed``); every other entry stays
-``declared``. Samples are chosen one per (OpInfo, dtype) because compiling is the cost
-(ONNX export is 0.3-1 s per sample; Inductor compiles C++).
+``manifest_update`` turns the result into manifest entries (``manifest_dtypes`` is the
+rule): an op keeps the dtypes it allowed before the probe (its entry's ``dtypes:``, or the
+manifest's defaults) minus the dtypes tried in a failed sample and passed in none, plus the
+dtypes that passed; an op with a passing sample becomes ``verified: probed`` with
+``probed_dtypes:`` the dtypes that passed. A dtype no sample tried stays allowed, as
+declared. The rule is conservative in one direction only: a failed sample of several ops
+drops the dtype for each of its ops that did not pass it elsewhere, although one op alone
+may have failed. Ops whose single-op samples all failed (and that passed none) are removed
+(listed with the reason under ``probe.failed``); dropped dtypes are listed under
+``probe.dtypes_dropped``. Samples are chosen one per (OpInfo, dtype) because compiling is
+the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
 """
 from __future__ import annotations
 
@@ -74,7 +82,28 @@ class ProbeResult:
     elapsed_s: float = 0.0
     stopped_early: bool = False
     passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))  # op -> dtypes
-    failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))  # op -> {dtype: reason}
+    # op -> {sample dtype: reason}, from failed samples whose graph is that op alone
+    failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # op -> {dtype: reason}: dtypes its tensors had in a failed sample (any number of ops)
+    failed_dtypes: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+
+    def record(self, sample: "SampleResult", credit: Iterable[tuple[str, str]]) -> None:
+        """Credit or blame for one run sample; ``credit``: the (op, dtype name) pairs of
+        the tensors each op of its graph read and wrote."""
+        if sample.status == "passed":
+            for op, dt in credit:
+                self.passed[op].add(dt)
+        elif sample.status == "failed":
+            why = f"{sample.stage}: {sample.reason}"
+            for op, dt in credit:
+                self.failed_dtypes[op].setdefault(dt, why)
+            if len(sample.ops) == 1:
+                self.failed[sample.ops[0]].setdefault(sample.dtype, why)
+
+    def dropped(self, op: str) -> dict[str, str]:
+        """{dtype: why} tried for ``op`` in a failed sample and passed by none."""
+        return {d: why for d, why in self.failed_dtypes.get(op, {}).items()
+                if d not in self.passed.get(op, ())}
 
     def counts(self) -> dict[str, int]:
         c = {"passed": 0, "failed": 0, "skipped": 0}
@@ -282,17 +311,15 @@ def _one(backend, manifest, info, label, dname, dtype, decomps, result, toleranc
         return SampleResult(label, dname, sorted(set(names)), "skipped", "manifest",
                             f"not in the manifest: {', '.join(missing[:5])}")
     memo: dict = {}
-    credit = {(op_name(n.target), d.dtype) for n in nodes for d in tensor_descs(n, memo)}
+    credit = {(op_name(n.target), dtype_name(d.dtype)) for n in nodes
+              for d in tensor_descs(n, memo)}
     if all(dt in result.passed.get(op, ()) for op, dt in credit):
         return SampleResult(label, dname, sorted(set(names)), "skipped", "covered",
                             "every (op, dtype) already passed")
     status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
-    if status == "passed":
-        for op, dt in credit:
-            result.passed[op].add(dtype_name(dt))
-    elif status == "failed" and len(set(names)) == 1:
-        result.failed[names[0]].setdefault(dname, f"{stage}: {reason}")
-    return SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
+    sample = SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
+    result.record(sample, credit)
+    return sample
 
 
 def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:
@@ -315,24 +342,53 @@ def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:
 
 
 # -- manifest entries from a probe ------------------------------------------------------
-def manifest_update(doc: dict, result: ProbeResult) -> dict:
-    """A manifest document (as loaded from YAML) updated with a probe's findings."""
-    ops: dict = dict(doc.get("ops") or {})
+def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
+                    dropped: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(dtypes the entry allows, dtypes that passed) after a probe: what it allowed before
+    (``allowed``) minus ``dropped`` (tried, never passed), plus every dtype that passed
+    (``probed``: this probe's and earlier ones'). Dtypes a manifest cannot name are left
+    out; the order is manifest.DTYPES'."""
     order = list(DTYPES)
-    for op, dts in result.passed.items():
-        key = op  # an overload: a probe verifies overloads, not whole packets
-        entry = dict(ops.get(key) or ops.get(packet_name(op)) or {})
-        # dtypes a manifest cannot name (complex32, unsigned ints...) are left out
-        entry["dtypes"] = sorted((d for d in dts if d in DTYPES), key=order.index)
-        if not entry["dtypes"]:
+    probed = {d for d in probed if d in DTYPES}
+    keep = (set(allowed) - set(dropped)) | probed
+    return sorted(keep, key=order.index), sorted(probed, key=order.index)
+
+
+def manifest_update(doc: dict, result: ProbeResult) -> dict:
+    """A manifest document (as loaded from YAML) updated with a probe's findings (see the
+    module docstring). Applying the same result twice, or results of disjoint ``--ops``
+    runs one after the other, gives the same entries as applying them once: earlier
+    ``probed_dtypes`` count as passed, and dropped dtypes are no longer allowed."""
+    from .manifest import Defaults
+
+    ops: dict = dict(doc.get("ops") or {})
+    defaults = Defaults.model_validate(doc.get("defaults") or {}).dtypes
+    # an op that passed in an earlier probe (probed_dtypes) has passed: never removed
+    removed = {op for op in result.failed if op not in result.passed
+               and not (ops.get(op) or {}).get("probed_dtypes")}
+    dropped_now: dict[str, dict] = {}
+    for op in sorted((set(result.passed) | set(result.failed_dtypes)) - removed):
+        # an overload: a probe verifies overloads, not whole packets
+        key = op if op in ops else packet_name(op)
+        if key not in ops:  # only the wildcard "*" took it: nothing to narrow
             continue
-        entry["verified"] = "probed"
-        ops[key] = entry
+        before = ops[key] or {}  # `op:` with no value in YAML is an entry of defaults
+        entry = dict(before)
+        passed = result.passed.get(op, set()) | set(entry.get("probed_dtypes") or ())
+        dropped = {d: why for d, why in result.dropped(op).items() if d not in passed}
+        allowed = defaults if entry.get("dtypes") is None else entry["dtypes"]
+        dtypes, probed = manifest_dtypes(allowed, passed, dropped)
+        if "dtypes" in entry or set(dtypes) != set(defaults):
+            entry["dtypes"] = dtypes
+        if probed:
+            entry["verified"] = "probed"
+            entry["probed_dtypes"] = probed
+        dropped_now[op] = {d: why for d, why in dropped.items() if d in allowed}
+        if key == op or entry != before:
+            ops[op] = entry
     failed = {}
-    for op, per_dtype in sorted(result.failed.items()):
-        if op in result.passed:
-            continue
-        dname, reason = next(iter(per_dtype.items()))
+    for op in sorted(removed):
+        dname, reason = next(iter(result.failed[op].items()))
         failed[op] = f"{dname}: {reason}"[:300]
         ops.pop(op, None)
     out = dict(doc)
@@ -350,14 +406,31 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "torch": str(result.torch_version),
         "backend_version": str(result.backend_version),
         "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
-                               key=order.index),
+                               key=list(DTYPES).index),
         "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,
         "samples_passed": prev.get("samples_passed", 0) + c["passed"],
         "samples_failed": prev.get("samples_failed", 0) + c["failed"],
         "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
         "failed": dict(sorted({**prev.get("failed", {}), **failed}.items())),
+        "dtypes_dropped": _merge_dropped(prev.get("dtypes_dropped", {}), dropped_now,
+                                         out["ops"]),
     }
     return out
+
+
+def _merge_dropped(prev: dict, new: dict, ops: dict) -> dict:
+    """op -> {dtype: why} over this probe and earlier ones, less what the op allows now
+    (a later probe passed it) and ops no longer in the manifest."""
+    merged: dict = {}
+    for op in sorted(set(prev) | set(new)):
+        if op not in ops:
+            continue
+        allowed = ops[op].get("dtypes")
+        per = {**prev.get(op, {}), **new.get(op, {})}
+        per = {d: why[:200] for d, why in per.items() if allowed is not None and d not in allowed}
+        if per:
+            merged[op] = dict(sorted(per.items(), key=lambda kv: list(DTYPES).index(kv[0])))
+    return merged
 
 
 def write_manifest(path, result: ProbeResult, out=None) -> str:

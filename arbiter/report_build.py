@@ -96,7 +96,16 @@ def _conditions(backend: Backend, op: str) -> str:
         text += f"; rank <= {entry.max_rank}"
     if op in backend.validators or op.rsplit(".", 1)[0] in backend.validators:
         text += "; plus a validator"
-    return text + f" ({entry.verified})"
+    return text + f" ({_verified(entry)})"
+
+
+def _verified(entry) -> str:
+    """`declared`, `probed`, or which dtypes the probe passed when the entry allows more."""
+    probed = entry.probed_dtypes
+    if not probed or not entry.dtypes - probed:
+        return entry.verified
+    names = ",".join(sorted(str(d).removeprefix("torch.") for d in probed))
+    return f"{entry.verified} for {names}; declared for the rest"
 
 
 def op_reports(plan: Plan, backends: Mapping[str, Backend],

@@ -6,7 +6,8 @@ import torch
 import yaml
 
 import arbiter
-from arbiter.manifest import load_manifest
+from arbiter.errors import ManifestError
+from arbiter.manifest import Manifest, load_manifest, parse_manifest
 from arbiter.probe import manifest_update, probe, write_manifest
 
 OPS = ["aten.add.Tensor", "aten.mul.Tensor", "aten.sin.default", "aten.cos.default"]
@@ -50,7 +51,9 @@ def test_manifest_update_and_write(make_backend, tmp_path):
     text = write_manifest(src, result, out=out)
     m = load_manifest(out, backend="fake")
     assert m.ops["aten.add.Tensor"].verified == "probed"
-    assert m.ops["aten.add.Tensor"].dtypes == ["float32"]
+    assert m.ops["aten.add.Tensor"].probed_dtypes == ["float32"]
+    # int64 and bool (the manifest's defaults) were not tried: still allowed, as declared
+    assert m.entry("aten.add.Tensor").dtypes == {torch.float32, torch.int64, torch.bool}
     assert "aten.sin.default" not in m.ops  # every sample of it alone failed
     assert "aten.sin.default" in m.probe.failed
     assert m.ops["aten.cos.default"].verified is None  # not probed: stays declared
@@ -67,8 +70,10 @@ def test_manifest_update_keeps_notes_and_other_keys():
     doc = {"backend": "x", "format": 1, "decompositions": ["aten.gelu"],
            "ops": {"aten.add.Tensor": {"note": "kept"}, "aten.relu.default": {}}}
     new = manifest_update(doc, r)
+    # no `defaults:`: the manifest's default dtypes are [float32]; int64 passed, so it is added
     assert new["ops"]["aten.add.Tensor"] == {"note": "kept", "dtypes": ["float32", "int64"],
-                                              "verified": "probed"}
+                                              "verified": "probed",
+                                              "probed_dtypes": ["float32", "int64"]}
     assert new["ops"]["aten.relu.default"] == {}
     assert new["decompositions"] == ["aten.gelu"]
 
@@ -86,7 +91,9 @@ def test_probe_cli_on_real_backend(tmp_path, capsys):
     doc = yaml.safe_load(out.read_text())
     assert doc["ops"]["aten.mul.Tensor"]["verified"] == "probed"
     assert doc["probe"]["backend_version"].startswith("onnxruntime")
-    assert load_manifest(out, backend="onnxruntime").ops["aten.mul.Tensor"].dtypes == ["float32"]
+    mul = load_manifest(out, backend="onnxruntime").ops["aten.mul.Tensor"]
+    assert "float32" in mul.probed_dtypes  # with what the shipped manifest's probe passed
+    assert "float64" in mul.dtypes and "float64" not in mul.probed_dtypes  # declared: kept
 
 
 @pytest.mark.slow
@@ -112,3 +119,133 @@ def test_second_probe_adds_to_the_record():
     assert new["probe"]["samples_passed"] == 5 and new["probe"]["opinfos"] == "5/5 + 1/1"
     assert new["probe"]["dtypes_tried"] == ["float32", "int64"]
     assert "aten.sin.default" in new["probe"]["failed"]
+
+
+# -- the rule: declared dtypes minus those tried and never passed --------------------------
+def _sample(opinfo, dtype, ops, status):
+    from arbiter.probe import SampleResult
+
+    return SampleResult(opinfo, dtype, ops, status, "" if status == "passed" else "run",
+                        "" if status == "passed" else "boom")
+
+
+def _hand_built():
+    """mul: float32 passed, int64 failed alone, bool failed with add in one graph
+    (a decomposed OpInfo); add: nothing passed; float16 never tried by anything."""
+    from arbiter.probe import ProbeResult
+
+    r = ProbeResult("x", "x 1.0", str(torch.__version__), ["float32", "int64", "bool"])
+    mul, add = "aten.mul.Tensor", "aten.add.Tensor"
+    r.record(_sample("mul", "float32", [mul], "passed"), {(mul, "float32")})
+    r.record(_sample("mul", "int64", [mul], "failed"), {(mul, "int64")})
+    r.record(_sample("addcmul", "bool", [add, mul], "failed"), {(mul, "bool"), (add, "bool")})
+    return r
+
+
+DOC = {"backend": "x", "format": 1,
+       "defaults": {"dtypes": ["float32", "float16", "int64", "bool"]},
+       "ops": {"aten.mul.Tensor": {}, "aten.add": {"note": "packet"}, "aten.cos.default": {}}}
+
+
+def test_probe_drops_only_dtypes_tried_and_never_passed():
+    r = _hand_built()
+    assert r.dropped("aten.mul.Tensor") == {"int64": "run: boom", "bool": "run: boom"}
+    assert "aten.add.Tensor" not in r.failed  # a graph of two ops blames neither whole
+    new = manifest_update(DOC, r)
+    ops = new["ops"]
+    # passed float32 kept; float16 untried kept; int64 (alone) and bool (multi-op) dropped
+    assert ops["aten.mul.Tensor"] == {"dtypes": ["float32", "float16"], "verified": "probed",
+                                      "probed_dtypes": ["float32"]}
+    # add: tried only in bool, in a failed graph of two ops: bool dropped, op kept, declared
+    assert ops["aten.add.Tensor"] == {"note": "packet", "dtypes": ["float32", "float16", "int64"]}
+    assert ops["aten.add"] == {"note": "packet"}  # the packet entry itself is left alone
+    assert ops["aten.cos.default"] == {}  # not tried: as declared
+    assert new["probe"]["dtypes_dropped"]["aten.mul.Tensor"] == {"int64": "run: boom",
+                                                                 "bool": "run: boom"}
+    m = Manifest.model_validate(new)
+    assert m.entry("aten.mul.Tensor").probed_dtypes == {torch.float32}
+    assert m.entry("aten.add.Tensor").verified == "declared"
+
+
+def test_a_dtype_passed_once_stays_and_earlier_passes_count():
+    """A dtype that failed in one sample but passed in another stays; so does a dtype an
+    earlier probe passed (probed_dtypes), when a later --ops run sees it fail."""
+    r = _hand_built()
+    r.record(_sample("mul", "int64", ["aten.mul.Tensor"], "passed"), {("aten.mul.Tensor", "int64")})
+    doc = {**DOC, "ops": {**DOC["ops"], "aten.mul.Tensor": {"dtypes": ["float32", "bool"],
+                                                            "verified": "probed",
+                                                            "probed_dtypes": ["bool"]}}}
+    ops = manifest_update(doc, r)["ops"]
+    assert ops["aten.mul.Tensor"]["dtypes"] == ["float32", "int64", "bool"]
+    assert ops["aten.mul.Tensor"]["probed_dtypes"] == ["float32", "int64", "bool"]
+
+
+def test_an_op_that_passed_earlier_is_not_removed_by_a_later_run():
+    """A later --ops run where every sample of the op alone fails: the op passed before
+    (probed_dtypes), so it stays; the dtypes that failed now and never passed go."""
+    from arbiter.probe import ProbeResult
+
+    r = ProbeResult("x", "x 1.0", str(torch.__version__), ["float32", "int64"])
+    for dt in ("float32", "int64"):
+        r.record(_sample("new_zeros", dt, ["aten.new_zeros.default"], "failed"),
+                 {("aten.new_zeros.default", dt)})
+    doc = {"backend": "x", "defaults": {"dtypes": ["float32", "int64", "bool"]},
+           "ops": {"aten.new_zeros.default": {"dtypes": ["float32", "int64", "bool"],
+                                              "verified": "probed",
+                                              "probed_dtypes": ["float32"]},
+                   "aten.new_ones.default": {}}}
+    r.record(_sample("new_ones", "float32", ["aten.new_ones.default"], "failed"),
+             {("aten.new_ones.default", "float32")})
+    new = manifest_update(doc, r)
+    assert new["ops"]["aten.new_zeros.default"]["dtypes"] == ["float32", "bool"]
+    assert "aten.new_ones.default" not in new["ops"]  # never passed: removed, as before
+    assert list(new["probe"]["failed"]) == ["aten.new_ones.default"]
+
+
+def test_every_declared_dtype_failing_allows_none():
+    """`dtypes: []` means none (not the defaults) once the probe dropped them all."""
+    from arbiter.probe import ProbeResult
+
+    r = ProbeResult("x", "x 1.0", str(torch.__version__), ["float32"])
+    add, mul = "aten.add.Tensor", "aten.mul.Tensor"
+    r.record(_sample("addcmul", "float32", [add, mul], "failed"), {(add, "float32"), (mul, "float32")})
+    doc = {"backend": "x", "ops": {add: {}, mul: {}}}  # defaults: [float32]
+    m = Manifest.model_validate(manifest_update(doc, r))
+    assert m.ops[add].dtypes == [] and m.entry(add).dtypes == frozenset()
+
+
+def test_two_writes_are_idempotent_and_additive(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(DOC, sort_keys=False))
+    write_manifest(path, _hand_built())
+    once = yaml.safe_load(path.read_text())
+    write_manifest(path, _hand_built())
+    twice = yaml.safe_load(path.read_text())
+    assert twice["ops"] == once["ops"]
+    assert twice["probe"]["dtypes_dropped"] == once["probe"]["dtypes_dropped"]
+    assert twice["probe"]["opinfos"] == "0/0 + 0/0"  # the record of runs adds up
+
+    from arbiter.probe import ProbeResult
+
+    later = ProbeResult("x", "x 1.0", str(torch.__version__), ["float16"])
+    later.record(_sample("cos", "float16", ["aten.cos.default"], "passed"),
+                 {("aten.cos.default", "float16")})
+    write_manifest(path, later)
+    third = yaml.safe_load(path.read_text())
+    assert third["ops"]["aten.mul.Tensor"] == once["ops"]["aten.mul.Tensor"]  # kept
+    assert third["ops"]["aten.cos.default"]["probed_dtypes"] == ["float16"]
+    assert third["probe"]["dtypes_tried"] == ["float32", "float16", "int64", "bool"]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{probed_dtypes: [flaot32]}", "unknown dtype 'flaot32'"),
+    ("{dtypes: [float32], probed_dtypes: [int64]}", "int64 passed the probe but the entry "
+                                                    "does not allow it (dtypes: float32)"),
+    ("{probed_dtypes: [bool]}", "(dtypes: float32)"),  # the defaults
+])
+def test_probed_dtypes_validated(entry, message):
+    text = f"backend: x\nformat: 1\nops:\n  aten.mul.Tensor: {entry}\n"
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, "x.yaml")
+    assert message in str(info.value)
+    assert "x.yaml:4: ops['aten.mul.Tensor'].probed_dtypes" in str(info.value)
