@@ -411,7 +411,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "samples_passed": prev.get("samples_passed", 0) + c["passed"],
         "samples_failed": prev.get("samples_failed", 0) + c["failed"],
         "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
-        "failed": dict(sorted({**prev.get("failed", {}), **failed}.items())),
+        "failed": {op: why for op, why in sorted({**prev.get("failed", {}), **failed}.items())
+                   if op not in out["ops"]},  # one put back (by hand) and passed is not
         "dtypes_dropped": _merge_dropped(prev.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
     }

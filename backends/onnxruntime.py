@@ -310,7 +310,10 @@ class OrtRunner:
         outs = []
         for name, shape, dtype, np_type in self.out_specs:
             o = torch.empty(shape, dtype=dtype)
-            b.bind_output(name, "cpu", 0, np_type, shape, o.data_ptr())
+            if o.numel():
+                b.bind_output(name, "cpu", 0, np_type, shape, o.data_ptr())
+            else:  # nothing to write, and IOBinding refuses a zero-size tensor's null pointer
+                b.bind_output(name, "cpu")
             outs.append(o)
         self.sess.run_with_iobinding(b)
         return outs

@@ -14,7 +14,7 @@ import torch
 
 import arbiter
 
-from conftest import TWO
+from conftest import TWO, trace
 
 OPS = ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor"]
 
@@ -91,6 +91,17 @@ def test_odd_tensors_match_eager(fresh_dynamo, make):
     torch.testing.assert_close(out, (torch.relu(x) * 2 + x).sum(-1, keepdim=True) * x)
     # whatever ran, nothing that ran is hidden: every partition has a backend
     assert all(p.backend and p.backend != "(not compiled yet)" for p in _parts(be))
+
+
+def test_onnxruntime_binds_zero_size_outputs():
+    """IOBinding refuses a zero-size tensor's null pointer: the runner binds such an
+    output without one (the probe had removed new_ones/new_zeros/new_full/linspace from
+    the manifest over this, their OpInfo samples having empty outputs)."""
+    be = arbiter.get_backend_class("onnxruntime")()
+    x = torch.randn(3, 4)
+    gm = trace(lambda x: (x.new_ones((2, 0)), x * 2), x)
+    empty, twice = be.compile(gm, [x])(x)
+    assert empty.shape == (2, 0) and torch.equal(twice, x * 2)
 
 
 def test_noncontiguous_output_layout_is_kept(fresh_dynamo):
