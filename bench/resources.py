@@ -1,6 +1,6 @@
 """Shared thread budget and arena vs. every backend on its own defaults (issue 6).
 
-Model: ``K`` (default 20) blocks on a (64, 512) float32 tensor; a block is
+Model: ``K`` (default 20) blocks on a (64, D) float32 tensor (``--dim`` D, default 512); a block is
 ``sigmoid(tanh(x @ W_i + b_i) * 0.5)``. The config excludes ``aten.sigmoid`` (it runs
 inline in eager ATen), so the graph is cut into K ONNX Runtime partitions (addmm, tanh,
 mul) with an eager op between each two. Weights are frozen into the partitions.
@@ -8,7 +8,8 @@ mul) with an eager op between each two. Weights are frozen into the partitions.
 Each variant runs in its own process (thread pools and arenas are process-wide), the
 variants taking turns over ``--rounds`` rounds; the medians over rounds are reported:
 
-* ``coordinated``: the default ``resources:`` (threads auto, spin none, shared arena).
+* ``coordinated``: the default ``resources:`` (threads auto, spin auto = the config's
+  first backend, here ONNX Runtime; shared arena).
 * ``coordinated-spin``: ``resources: {spin: onnxruntime}`` (ORT's global pool gets the
   whole budget and spins).
 * ``uncoordinated``: ``resources: {coordinate: false}`` and ORT's own defaults
@@ -19,10 +20,21 @@ variants taking turns over ``--rounds`` rounds; the medians over rounds are repo
 * ``one-session-spin`` (only with ``--variants``): the same with ``spin: onnxruntime``.
 
 Measured per process: peak RSS (``VmHWM``) and its growth over the RSS after imports,
-threads (``Threads`` in /proc/self/status, after the timed calls), the latency of the
-compiled model (median of many calls), and the sum of the parts run alone: every piece
-and every inline eager op of the stitched graph timed in its own loop, with the inputs it
-got during one call (recorded with ``torch.fx.Interpreter``).
+threads (``Threads`` in /proc/self/status, after the timed calls) and which step of the
+run started each (the census), the latency of the compiled model (median of many calls),
+and the sum of the parts run alone: every piece and every inline eager op of the stitched
+graph timed in its own loop, with the inputs it got during one call (recorded with
+``torch.fx.Interpreter``). To say where the gap between the two goes, the same steps
+(the backends' compiled callables and the eager ops, without arbiter's ``Piece`` wrapper,
+the stitched GraphModule or Dynamo) are also timed in a plain Python loop, all of them
+(``steps loop``) and the ONNX Runtime ones alone (``ORT loop``):
+
+* parts alone -> ORT loop + eager ops: what running 20 sessions one after the other costs
+  over running each in its own loop (each session's weights stay in the core's cache
+  only in its own loop), nothing of arbiter's;
+* -> steps loop: what interleaving ONNX Runtime with torch's ops costs;
+* steps loop -> latency: arbiter's own cost (``Piece``'s checks, the stitched module,
+  Dynamo's guards).
 
     .venv/bin/python bench/resources.py [--k 20] [--rounds 3] [--calls 200]
 
@@ -90,24 +102,36 @@ def timeit(fn, calls: int) -> float:
     return statistics.median(per)
 
 
-def child(variant: str, k: int, calls: int, cache: str) -> dict:
+def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
     """One variant in this process; returns its measurements."""
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
+    census: dict = {}  # step of the run -> threads it started (alive at that point)
+    seen: set = set()
+
+    def started(step: str) -> None:
+        now = set(os.listdir("/proc/self/task"))
+        census[step] = len(now - seen)
+        seen.update(now)
+
+    started("python")
     import torch
     import torch.fx
+    started("import torch (numpy's OpenBLAS server)")
+
+    import onnxruntime  # noqa: F401  (imported here so the baseline RSS includes it)
+    started("import onnxruntime")
 
     import arbiter
     from arbiter.runtime import Piece
-
-    import onnxruntime  # noqa: F401  (imported here so the baseline RSS includes it)
+    started("import arbiter")
 
     torch.manual_seed(0)
 
     class Blocks(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.lins = torch.nn.ModuleList(torch.nn.Linear(512, 512) for _ in range(k))
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(k))
 
         def forward(self, x):
             for lin in self.lins:
@@ -115,21 +139,23 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
             return x
 
     model = Blocks().eval()
-    x = torch.randn(64, 512)
+    x = torch.randn(64, dim)
+    model(x)
+    started("eager run (torch's OpenMP pool)")
     rss0 = status("VmRSS")
     be = arbiter.Arbiter(config(variant, cache))
     stitched = []
     compile_graph = be._compile_graph
 
-    seen: list = []
+    first: list = []
 
     def spy(gm, kind, constants):  # keep the stitched module and its first inputs
         out = compile_graph(gm, kind, constants)
         stitched.append(out)
 
         def recording(*args):
-            if not seen:
-                seen.append(args)
+            if not first:
+                first.append(args)
             return out(*args)
 
         return recording
@@ -145,7 +171,9 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
         parts = [p for g in report.graphs for p in g.partitions]
         ort_parts = sum(p.backend == "onnxruntime" for p in parts)
         fallbacks = sum(len(p.fallbacks) for p in parts)
+        started("Arbiter, compile, first call (backends' pools)")
         latency = timeit(lambda: compiled(x), calls)
+        started("timed calls")
 
         # the parts alone: each step of one stitched call, in its own loop
         steps = []
@@ -159,18 +187,29 @@ def child(variant: str, k: int, calls: int, cache: str) -> dict:
                 return out
 
         gm = stitched[0]
-        Recorder(gm).run(*seen[0])
+        Recorder(gm).run(*first[0])
         parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls) for f, a, kw in steps)
-        stitched_s = timeit(lambda: gm(*seen[0]), calls)  # without Dynamo's and AOT's wrappers
-    names: dict = {}
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            name = f.read().strip()
-        names[name] = names.get(name, 0) + 1
-    return {"variant": variant, "threads": status("Threads"), "thread_names": names, "peak_rss_mb": status("VmHWM") / 1024,
+        eager_parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls)
+                            for f, a, kw in steps if isinstance(f, torch._ops.OpOverload))
+        backend_steps = [(f, a, kw) for f, a, kw in steps
+                         if not isinstance(f, torch._ops.OpOverload)]
+
+        def loop(chosen):
+            def run():
+                for f, a, kw in chosen:
+                    f(*a, **kw)
+            return run
+
+        steps_loop_s = timeit(loop(steps), calls)
+        backend_loop_s = timeit(loop(backend_steps), calls)
+        stitched_s = timeit(lambda: gm(*first[0]), calls)  # without Dynamo's and AOT's wrappers
+    return {"variant": variant, "threads": status("Threads"), "census": census,
+            "peak_rss_mb": status("VmHWM") / 1024,
             "rss_growth_mb": (status("VmHWM") - rss0) / 1024, "latency_ms": latency * 1e3,
             "stitched_ms": stitched_s * 1e3, "rss_end_mb": status("VmRSS") / 1024,
-            "parts_alone_ms": parts_s * 1e3, "steps": len(steps), "ort_partitions": ort_parts,
+            "parts_alone_ms": parts_s * 1e3, "eager_parts_ms": eager_parts_s * 1e3,
+            "steps_loop_ms": steps_loop_s * 1e3, "backend_loop_ms": backend_loop_s * 1e3,
+            "steps": len(steps), "ort_partitions": ort_parts,
             "partitions": len(parts), "fallbacks": fallbacks, "max_error": err,
             "compile_s": compile_s, "resources": report.resources}
 
@@ -229,6 +268,8 @@ def concurrency(calls: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--dim", type=int, default=512,
+                    help="width of each block (weights dim x dim float32)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS + EXTRA)
@@ -248,18 +289,19 @@ def main() -> None:
             print(out.stdout.strip())
         return
     if args.child:
-        print(json.dumps(child(args.child, args.k, args.calls, args.cache)))
+        print(json.dumps(child(args.child, args.k, args.calls, args.cache, args.dim)))
         return
     cores = len(os.sched_getaffinity(0))
     load = os.getloadavg()
     print(f"{cores} cores; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start; "
-          f"K={args.k}, {args.rounds} rounds, {args.calls} calls per timing")
+          f"K={args.k}, dim={args.dim}, {args.rounds} rounds, {args.calls} calls per timing")
     results: dict = {v: [] for v in args.variants}
     for r in range(args.rounds):
         order = args.variants[r % len(args.variants):] + args.variants[:r % len(args.variants)]
         for v in order:
             out = subprocess.run([sys.executable, __file__, "--child", v, "--k", str(args.k),
-                                  "--calls", str(args.calls), "--cache", args.cache],
+                                  "--dim", str(args.dim), "--calls", str(args.calls),
+                                  "--cache", args.cache],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 sys.exit(f"variant {v} failed:\n{out.stderr[-3000:]}")
@@ -267,27 +309,29 @@ def main() -> None:
             print(f"  round {r} {v}: {results[v][-1]['latency_ms']:.2f} ms", file=sys.stderr)
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at end")
-    med = {v: {key: statistics.median(run[key] for run in runs)
-               for key in ("threads", "peak_rss_mb", "rss_growth_mb", "latency_ms",
-                           "parts_alone_ms", "compile_s", "max_error", "stitched_ms",
-                           "rss_end_mb")}
+    keys = ("threads", "peak_rss_mb", "rss_growth_mb", "latency_ms", "parts_alone_ms",
+            "eager_parts_ms", "steps_loop_ms", "backend_loop_ms", "compile_s", "max_error",
+            "stitched_ms", "rss_end_mb")
+    med = {v: {key: statistics.median(run[key] for run in runs) for key in keys}
            for v, runs in results.items()}
     base = med.get("one-session")
-    print("\n| variant | ORT partitions | threads | peak RSS MB | RSS after runs MB | "
-          "peak RSS / one session | latency ms | stitched ms | parts alone ms | "
-          "latency / parts | stitched / parts |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| variant | ORT partitions | threads | peak RSS MB | peak RSS / one session | "
+          "latency ms | stitched ms | steps loop ms | ORT loop + eager parts ms | "
+          "parts alone ms | latency / parts | latency / steps loop |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for v, m in med.items():
         first = results[v][0]
         ratio = f"{m['peak_rss_mb'] / base['peak_rss_mb']:.2f}" if base else "-"
         print(f"| {v} | {first['ort_partitions']} | {m['threads']:.0f} | {m['peak_rss_mb']:.0f} | "
-              f"{m['rss_end_mb']:.0f} | {ratio} | {m['latency_ms']:.2f} | {m['stitched_ms']:.2f} | "
+              f"{ratio} | {m['latency_ms']:.2f} | {m['stitched_ms']:.2f} | "
+              f"{m['steps_loop_ms']:.2f} | {m['backend_loop_ms'] + m['eager_parts_ms']:.2f} | "
               f"{m['parts_alone_ms']:.2f} | {m['latency_ms'] / m['parts_alone_ms']:.2f} | "
-              f"{m['stitched_ms'] / m['parts_alone_ms']:.2f} |")
+              f"{m['latency_ms'] / m['steps_loop_ms']:.2f} |")
     print(f"\ntargets: threads <= cores + 2 = {cores + 2}; RSS <= 1.2x one session; "
           "latency <= 1.1x the parts alone")
     for v, runs in results.items():
         print(f"{v}: fallbacks {runs[0]['fallbacks']}, max error {runs[0]['max_error']:.1e}, "
+              f"threads started by {json.dumps(runs[0]['census'])}, "
               f"resources {json.dumps(runs[0]['resources'])}")
 
 
