@@ -26,8 +26,10 @@ and the sum of the parts run alone: every piece and every inline eager op of the
 graph timed in its own loop, with the inputs it got during one call (recorded with
 ``torch.fx.Interpreter``). To say where the gap between the two goes, the same steps
 (the backends' compiled callables and the eager ops, without arbiter's ``Piece`` wrapper,
-the stitched GraphModule or Dynamo) are also timed in a plain Python loop, all of them
-(``steps loop``) and the ONNX Runtime ones alone (``ORT loop``):
+the stitched GraphModule or Dynamo) are also timed in a plain Python loop: all of them,
+each fed the last one's output (``steps loop``; the model is a chain), and the ONNX
+Runtime ones alone on their recorded inputs (``ORT loop``). Every timing of a process is
+taken in turns (``timed_together``):
 
 * parts alone -> ORT loop + eager ops: what running 20 sessions one after the other costs
   over running each in its own loop (each session's weights stay in the core's cache
@@ -86,6 +88,25 @@ def status(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     raise KeyError(key)
+
+
+def timed_together(fns: dict, calls: int, rounds: int = 7) -> dict:
+    """Median seconds per call of each of ``fns``, timed in turns: every round times a
+    batch of ``calls // 5`` calls of each, so that a slow stretch of the machine hits them
+    all (timed one after the other, two timings of the very same callable differed by 7%).
+    """
+    n = max(1, calls // 5)
+    for fn in fns.values():
+        for _ in range(max(3, calls // 20)):
+            fn()
+    per: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            per[name].append((time.perf_counter() - t) / n)
+    return {name: statistics.median(v) for name, v in per.items()}
 
 
 def timeit(fn, calls: int) -> float:
@@ -172,8 +193,6 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
         ort_parts = sum(p.backend == "onnxruntime" for p in parts)
         fallbacks = sum(len(p.fallbacks) for p in parts)
         started("Arbiter, compile, first call (backends' pools)")
-        latency = timeit(lambda: compiled(x), calls)
-        started("timed calls")
 
         # the parts alone: each step of one stitched call, in its own loop
         steps = []
@@ -188,11 +207,7 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
 
         gm = stitched[0]
         Recorder(gm).run(*first[0])
-        parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls) for f, a, kw in steps)
-        eager_parts_s = sum(timeit(lambda f=f, a=a, kw=kw: f(*a, **kw), calls)
-                            for f, a, kw in steps if isinstance(f, torch._ops.OpOverload))
-        backend_steps = [(f, a, kw) for f, a, kw in steps
-                         if not isinstance(f, torch._ops.OpOverload)]
+        is_eager = [isinstance(f, torch._ops.OpOverload) for f, _, _ in steps]
 
         def loop(chosen):
             def run():
@@ -200,9 +215,28 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
                     f(*a, **kw)
             return run
 
-        steps_loop_s = timeit(loop(steps), calls)
-        backend_loop_s = timeit(loop(backend_steps), calls)
-        stitched_s = timeit(lambda: gm(*first[0]), calls)  # without Dynamo's and AOT's wrappers
+        def chained():  # the steps as a hand-written loop would run them: the model is a
+            h = steps[0][1][0]  # chain, each step's first argument the last one's output
+            for f, a, kw in steps:
+                out = f(h, *a[1:], **kw)
+                h = out[0] if isinstance(out, (list, tuple)) else out
+            return h
+
+        fns = {"latency": lambda: compiled(x),
+               "stitched": lambda: gm(*first[0]),  # without Dynamo's and AOT's wrappers
+               "steps_loop": chained,
+               "backend_loop": loop([st for st, e in zip(steps, is_eager) if not e])}
+        for i, (f, a, kw) in enumerate(steps):
+            fns[i] = lambda f=f, a=a, kw=kw: f(*a, **kw)
+        err_chain = (chained() - got).abs().max().item()
+        if err_chain > 1e-5:
+            raise RuntimeError(f"the steps chained by hand differ from the model: {err_chain}")
+        t = timed_together(fns, calls)
+        started("timed calls")
+        latency, stitched_s = t["latency"], t["stitched"]
+        steps_loop_s, backend_loop_s = t["steps_loop"], t["backend_loop"]
+        parts_s = sum(t[i] for i in range(len(steps)))
+        eager_parts_s = sum(t[i] for i, e in enumerate(is_eager) if e)
     return {"variant": variant, "threads": status("Threads"), "census": census,
             "peak_rss_mb": status("VmHWM") / 1024,
             "rss_growth_mb": (status("VmHWM") - rss0) / 1024, "latency_ms": latency * 1e3,
@@ -314,6 +348,11 @@ def main() -> None:
             "stitched_ms", "rss_end_mb")
     med = {v: {key: statistics.median(run[key] for run in runs) for key in keys}
            for v, runs in results.items()}
+    # ratios within each process, then their median: processes differ more from each
+    # other (one variant: 5.4-7.8 ms over three processes) than timings within one do
+    for v, runs in results.items():
+        med[v]["vs_parts"] = statistics.median(r["latency_ms"] / r["parts_alone_ms"] for r in runs)
+        med[v]["vs_steps"] = statistics.median(r["latency_ms"] / r["steps_loop_ms"] for r in runs)
     base = med.get("one-session")
     print("\n| variant | ORT partitions | threads | peak RSS MB | peak RSS / one session | "
           "latency ms | stitched ms | steps loop ms | ORT loop + eager parts ms | "
@@ -325,8 +364,7 @@ def main() -> None:
         print(f"| {v} | {first['ort_partitions']} | {m['threads']:.0f} | {m['peak_rss_mb']:.0f} | "
               f"{ratio} | {m['latency_ms']:.2f} | {m['stitched_ms']:.2f} | "
               f"{m['steps_loop_ms']:.2f} | {m['backend_loop_ms'] + m['eager_parts_ms']:.2f} | "
-              f"{m['parts_alone_ms']:.2f} | {m['latency_ms'] / m['parts_alone_ms']:.2f} | "
-              f"{m['latency_ms'] / m['steps_loop_ms']:.2f} |")
+              f"{m['parts_alone_ms']:.2f} | {m['vs_parts']:.2f} | {m['vs_steps']:.2f} |")
     print(f"\ntargets: threads <= cores + 2 = {cores + 2}; RSS <= 1.2x one session; "
           "latency <= 1.1x the parts alone")
     for v, runs in results.items():
