@@ -138,11 +138,13 @@ def main(argv=None) -> int:
     compiled = [n for n in names if not get_backend_class(n).inline_aten]
     bnd = round(boundary_us(compiled[0], args.rounds), 2) if compiled else 1.0
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    cores = os.cpu_count() or 1
+    state = "quiet" if load < cores else "busy: noisy numbers"
     lines = [
         "# Per-backend constants of policy `cost` (arbiter/cost.py).",
         f"# Written by: python bench/calibrate_cost.py --rounds {args.rounds}",
         f"# on {datetime.date.today()}, torch {torch.__version__}, {os.cpu_count()} cores, "
-        f"{torch.get_num_threads()} threads, load average {load:.2f} (shared machine: noisy).",
+        f"{torch.get_num_threads()} threads, load average {load:.2f} ({state}).",
         "# call_us: per call of a compiled partition; node_us: per node; gflops: matmul and",
         "# convolution rate; gbps: bytes moved by other ops; boundary_us: per tensor crossing.",
         "format: 1",
