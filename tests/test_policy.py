@@ -113,14 +113,16 @@ def test_budget_leaves_the_rest_to_the_cost_estimate(slow_fast, tmp_path, fresh_
 def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fresh_dynamo):
     slow, fast = slow_fast
     x = torch.randn(4, 8)
-    be = arbiter.Arbiter(_config(tmp_path))
+    # refinement off: on these microsecond graphs, whether moving one op to eager beats
+    # the 3% margin is noise (the refined choice's replay is tested below)
+    be = arbiter.Arbiter(_config(tmp_path, refine=False))
     torch.compile(f, backend=be)(x)
     chosen = _plan(be).chosen
     assert chosen in ("only fast", "only eager")
     torch._dynamo.reset()
     slow.compiled.clear()
     fast.compiled.clear()
-    be2 = arbiter.Arbiter(_config(tmp_path))
+    be2 = arbiter.Arbiter(_config(tmp_path, refine=False))
     out = torch.compile(f, backend=be2)(x)
     torch.testing.assert_close(out, f(x))
     assert _plan(be2).chosen == chosen
