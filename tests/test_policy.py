@@ -226,3 +226,30 @@ def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkey
     plan = _plan(be)
     assert plan.chosen == "priority"  # == only slow, the best single backend (8)
     assert not any(k.startswith("refine") for k in plan.candidates_ms)
+
+
+def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fresh_dynamo):
+    """A move whose first timing is lucky is timed again with the best so far, and kept
+    only if it wins again (measure.MeasuredGraph._beats)."""
+    from arbiter.measure import MeasuredGraph
+
+    timed: list[str] = []
+
+    def lucky_first_time(self, cand, args, start, per_part):
+        _synthetic_time(self, cand, args, start, per_part)
+        if cand.label.startswith("refine:") and cand.label not in timed:
+            cand.measured_ms = 0.5  # far below every true cost: wins its first timing
+        timed.append(cand.label)
+
+    monkeypatch.setattr(MeasuredGraph, "_time", lucky_first_time)
+    be = arbiter.Arbiter(_config(tmp_path))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    plan = _plan(be)
+    refined = {lab for lab in timed if lab.startswith("refine:")}
+    assert len(refined) > 1, timed
+    assert all(timed.count(lab) >= 2 for lab in refined), timed  # all were re-timed
+    # kept: only the move that wins on its true cost (mul to fast: 4 against 8); with one
+    # timing, the first move tried would have been kept at 0.5 ms
+    assert plan.chosen.startswith("refine:") and "aten.mul.Tensor" in plan.chosen
+    assert plan.candidates_ms[plan.chosen] == 4.0
