@@ -135,9 +135,12 @@ class Arbiter:
         cfg = self.config.model_dump(mode="json", include={
             "backends", "fallback", "min_block_size", "exclude_ops", "pin",
             "decompositions", "freeze_weights"})
+        live = {n: b for n, b in self.backends.items() if n not in self.unavailable}
+        # the manifests decide which placements exist: a decision measured before a
+        # manifest changed (a re-probe, a hand edit) is measured again
         return {"policy": "measure", "config": cfg,
-                "versions": {n: _safe_version(b) for n, b in self.backends.items()
-                             if n not in self.unavailable}}
+                "versions": {n: _safe_version(b) for n, b in live.items()},
+                "manifests": {n: _manifest_digest(b) for n, b in live.items()}}
 
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
                        constants: dict[torch.fx.Node, torch.Tensor]) -> Callable:
@@ -282,6 +285,16 @@ def _safe_version(backend: Backend) -> Optional[str]:
     try:
         return backend.version()
     except Exception:  # noqa: BLE001 - a version probe must not break a report
+        return None
+
+
+def _manifest_digest(backend: Backend) -> Optional[str]:
+    """A short digest of the backend's manifest (what it declares it can run)."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(backend.manifest().model_dump_json().encode()).hexdigest()[:16]
+    except Exception:  # noqa: BLE001 - an unreadable manifest fails planning, not this
         return None
 
 

@@ -16,7 +16,7 @@ import arbiter
 from arbiter.cost import load_table, node_work, plan_ms
 from arbiter.policy import candidates, choose_by_cost
 
-from conftest import check_plan_invariants, trace
+from conftest import check_plan_invariants, trace, write_manifest
 
 OPS = ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor"]
 SLOW_S = 0.004
@@ -129,6 +129,22 @@ def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fre
     assert slow.compiled == []  # nothing was timed again
     assert len(fast.compiled) == (1 if chosen == "only fast" else 0)
     assert be2.cache.hits >= 1
+
+
+def test_a_changed_manifest_measures_again(slow_fast, tmp_path, fresh_dynamo):
+    """The decision cache's key covers the manifests: after a re-probe or a hand edit
+    changes what a backend declares, the cached decision is not replayed."""
+    slow, fast = slow_fast
+    x = torch.randn(4, 8)
+    torch.compile(f, backend=arbiter.Arbiter(_config(tmp_path, refine=False)))(x)
+    torch._dynamo.reset()
+    slow.compiled.clear()
+    write_manifest(tmp_path, "fast", OPS + ["aten.sub.Tensor"])  # the same path as before
+    vars(fast).get("_manifest_cache") and delattr(fast, "_manifest_cache")
+    be2 = arbiter.Arbiter(_config(tmp_path, refine=False))
+    torch.testing.assert_close(torch.compile(f, backend=be2)(x), f(x))
+    assert be2.cache.hits == 0
+    assert len(slow.compiled) == 1  # timed again
 
 
 def test_measuring_leaves_the_rng_stream_as_eager(make_backend, tmp_path, fresh_dynamo):
