@@ -2,7 +2,8 @@
 through eager; print what passed and failed; with --write, mark the manifest's entries
 that passed `verified: probed` (`probed_dtypes:` the dtypes that passed), drop from each
 op's `dtypes:` those tried and never passed (untried ones stay, as declared), and drop
-the ops whose samples alone all failed (arbiter.probe.manifest_update).
+the ops whose samples alone failed in every dtype they allowed
+(arbiter.probe.manifest_update).
 
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.

@@ -26,8 +26,9 @@ dtypes that passed; an op with a passing sample becomes ``verified: probed`` wit
 ``probed_dtypes:`` the dtypes that passed. A dtype no sample tried stays allowed, as
 declared. The rule is conservative in one direction only: a failed sample of several ops
 drops the dtype for each of its ops that did not pass it elsewhere, although one op alone
-may have failed. Ops whose single-op samples all failed (and that passed none) are removed
-(listed with the reason under ``probe.failed``); dropped dtypes are listed under
+may have failed. An op that passed none and whose samples alone failed in every dtype it
+allowed is removed (listed with the reason under ``probe.failed``); one that failed alone
+only in the dtypes tried keeps the untried ones. Dropped dtypes are listed under
 ``probe.dtypes_dropped``. Samples are chosen one per (OpInfo, dtype) because compiling is
 the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
 """
@@ -363,11 +364,12 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
 
     ops: dict = dict(doc.get("ops") or {})
     defaults = Defaults.model_validate(doc.get("defaults") or {}).dtypes
-    # an op that passed in an earlier probe (probed_dtypes) has passed: never removed
-    removed = {op for op in result.failed if op not in result.passed
-               and not (ops.get(op) or {}).get("probed_dtypes")}
+    # An op is removed only when no dtype it allowed is left: failing in the dtypes tried
+    # says nothing of the others (a float16-only probe once removed prod.dim_int, which
+    # float32 never tried). An op that passed, now or earlier, always keeps those dtypes.
+    removed: dict[str, str] = {}
     dropped_now: dict[str, dict] = {}
-    for op in sorted((set(result.passed) | set(result.failed_dtypes)) - removed):
+    for op in sorted(set(result.passed) | set(result.failed_dtypes)):
         # an overload: a probe verifies overloads, not whole packets
         key = op if op in ops else packet_name(op)
         if key not in ops:  # only the wildcard "*" took it: nothing to narrow
@@ -378,6 +380,11 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         dropped = {d: why for d, why in result.dropped(op).items() if d not in passed}
         allowed = defaults if entry.get("dtypes") is None else entry["dtypes"]
         dtypes, probed = manifest_dtypes(allowed, passed, dropped)
+        if not dtypes and op in result.failed:  # failed alone in every dtype it allowed
+            dname, reason = next(iter(result.failed[op].items()))
+            removed[op] = f"{dname}: {reason}"[:300]
+            ops.pop(op, None)
+            continue
         if "dtypes" in entry or set(dtypes) != set(defaults):
             entry["dtypes"] = dtypes
         if probed:
@@ -386,11 +393,7 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         dropped_now[op] = {d: why for d, why in dropped.items() if d in allowed}
         if key == op or entry != before:
             ops[op] = entry
-    failed = {}
-    for op in sorted(removed):
-        dname, reason = next(iter(result.failed[op].items()))
-        failed[op] = f"{dname}: {reason}"[:300]
-        ops.pop(op, None)
+    failed = removed
     out = dict(doc)
     out["ops"] = dict(sorted(ops.items()))
     c = result.counts()

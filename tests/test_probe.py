@@ -54,8 +54,11 @@ def test_manifest_update_and_write(make_backend, tmp_path):
     assert m.ops["aten.add.Tensor"].probed_dtypes == ["float32"]
     # int64 and bool (the manifest's defaults) were not tried: still allowed, as declared
     assert m.entry("aten.add.Tensor").dtypes == {torch.float32, torch.int64, torch.bool}
-    assert "aten.sin.default" not in m.ops  # every sample of it alone failed
-    assert "aten.sin.default" in m.probe.failed
+    # sin failed alone in float32, the only dtype tried: float32 goes, int64 and bool
+    # (untried) stay; the op is removed only when no dtype it allowed is left
+    assert m.ops["aten.sin.default"].dtypes == ["int64", "bool"]
+    assert "float32" in m.probe.dtypes_dropped["aten.sin.default"]
+    assert "aten.sin.default" not in m.probe.failed
     assert m.ops["aten.cos.default"].verified is None  # not probed: stays declared
     assert m.entry("aten.cos.default").verified == "declared"
     assert m.probe.torch == torch.__version__ and m.probe.samples_passed >= 1
@@ -193,13 +196,20 @@ def test_an_op_that_passed_earlier_is_not_removed_by_a_later_run():
            "ops": {"aten.new_zeros.default": {"dtypes": ["float32", "int64", "bool"],
                                               "verified": "probed",
                                               "probed_dtypes": ["float32"]},
-                   "aten.new_ones.default": {}}}
+                   "aten.new_ones.default": {},
+                   "aten.new_full.default": {"dtypes": ["float32", "int64"]}}}
     r.record(_sample("new_ones", "float32", ["aten.new_ones.default"], "failed"),
              {("aten.new_ones.default", "float32")})
+    for dt in ("float32", "int64"):
+        r.record(_sample("new_full", dt, ["aten.new_full.default"], "failed"),
+                 {("aten.new_full.default", dt)})
     new = manifest_update(doc, r)
     assert new["ops"]["aten.new_zeros.default"]["dtypes"] == ["float32", "bool"]
-    assert "aten.new_ones.default" not in new["ops"]  # never passed: removed, as before
-    assert list(new["probe"]["failed"]) == ["aten.new_ones.default"]
+    # never passed, failed alone in float32 only: loses float32, keeps the untried dtypes
+    assert new["ops"]["aten.new_ones.default"]["dtypes"] == ["int64", "bool"]
+    # failed alone in every dtype it allowed: removed, with the reason
+    assert "aten.new_full.default" not in new["ops"]
+    assert list(new["probe"]["failed"]) == ["aten.new_full.default"]
 
 
 def test_every_declared_dtype_failing_allows_none():
