@@ -109,20 +109,6 @@ def timed_together(fns: dict, calls: int, rounds: int = 7) -> dict:
     return {name: statistics.median(v) for name, v in per.items()}
 
 
-def timeit(fn, calls: int) -> float:
-    """Median seconds per call over 5 batches of ``calls // 5`` calls, after a warm-up."""
-    for _ in range(max(3, calls // 20)):
-        fn()
-    per = []
-    n = max(1, calls // 5)
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        per.append((time.perf_counter() - t) / n)
-    return statistics.median(per)
-
-
 def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
     """One variant in this process; returns its measurements."""
     logging.disable(logging.WARNING)
@@ -292,11 +278,8 @@ def concurrency(calls: int) -> None:
         b.run(None, x)
         f.result()
 
-    rows = {}
-    for _ in range(3):  # interleaved rounds
-        for name, fn in (("sequential", seq), ("concurrent", par)):
-            rows.setdefault(name, []).append(timeit(fn, calls) * 1e3)
-    print(json.dumps({f"pool{mode}-{k}": statistics.median(v) for k, v in rows.items()}))
+    t = timed_together({"sequential": seq, "concurrent": par}, calls)
+    print(json.dumps({f"pool{mode}-{k}": v * 1e3 for k, v in t.items()}))
 
 
 def main() -> None:
