@@ -393,7 +393,6 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         dropped_now[op] = {d: why for d, why in dropped.items() if d in allowed}
         if key == op or entry != before:
             ops[op] = entry
-    failed = removed
     out = dict(doc)
     out["ops"] = dict(sorted(ops.items()))
     c = result.counts()
@@ -414,7 +413,7 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "samples_passed": prev.get("samples_passed", 0) + c["passed"],
         "samples_failed": prev.get("samples_failed", 0) + c["failed"],
         "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
-        "failed": {op: why for op, why in sorted({**prev.get("failed", {}), **failed}.items())
+        "failed": {op: why for op, why in sorted({**prev.get("failed", {}), **removed}.items())
                    if op not in out["ops"]},  # one put back (by hand) and passed is not
         "dtypes_dropped": _merge_dropped(prev.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
