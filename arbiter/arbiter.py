@@ -16,9 +16,10 @@ import logging
 import platform
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -30,7 +31,7 @@ from .ops import op_name
 from .partition import Plan, partition_graph
 from .registry import Backend, get_backend_class
 from .report import (BackendStatus, FallbackReport, GraphReport, PartitionReport,
-                     RefusalReport, Report)
+                     RefusalReport, Report, WeightEventReport)
 from .runtime import Piece, PieceRecord
 from .split import extract, stitch
 
@@ -46,6 +47,8 @@ class _GraphRecord:
     constants: int
     plan_s: float
     constant_nodes: frozenset = frozenset()  # placeholders frozen as constants (report)
+    weight_events: list = field(default_factory=list)  # freeze.WeightEvent, in order
+    weights_as_inputs: bool = False  # frozen weights changed too often: now inputs
 
 
 class Arbiter:
@@ -86,7 +89,9 @@ class Arbiter:
                                      pin=self.config.pin, unavailable=self.unavailable)
         self._graphs: list[_GraphRecord] = []
         self._lock = threading.Lock()
-        self._pieces: list[Piece] = []  # every compiled-by-a-backend piece (set_timing)
+        # every live compiled-by-a-backend piece (set_timing); weak, so pieces replaced
+        # when weights are re-frozen are freed with their sessions and weights
+        self._pieces: weakref.WeakSet[Piece] = weakref.WeakSet()
         self._timed = False
         names = list(self.config.decompositions)
         for backend in chain:
@@ -182,12 +187,36 @@ class Arbiter:
         log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
                  sum(p.size for p in plan.partitions), len(plan.partitions),
                  ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3, policy)
+        fn: Callable = stitched
         if policy == "measure" and len(cands) > 1:
             from .measure import MeasuredGraph
 
-            return MeasuredGraph(self, gm, constants, cands, record, label,
-                                 lambda c: build(c.plan))
-        return stitched
+            fn = MeasuredGraph(self, gm, constants, cands, record, label,
+                               lambda c: build(c.plan))
+        if constants and not self.dry_run:
+            return self._guarded(fn, gm, constants, record, label)
+        return fn
+
+    def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
+                 record: _GraphRecord, label: str) -> Callable:
+        """``fn`` behind a check that the frozen weights are still the model's (freeze.py)."""
+        from .freeze import FrozenGraph, placeholder_positions
+
+        where = placeholder_positions(gm)
+
+        def rebuild(consts: dict) -> Callable:
+            # the plan in force (policy measure installed its choice at the first call)
+            # built around other constants; pieces are new, so they compile again
+            new, records = self._build(record.plan, consts, label, {})
+            self._replace_plan(record, record.plan, records)
+            with self._lock:
+                record.constants = len(consts)
+                record.constant_nodes = frozenset(consts)
+                record.weights_as_inputs = not consts
+            return new
+
+        return FrozenGraph(fn, constants, {n: where[n] for n in constants}, rebuild,
+                           record.weight_events, label, self.config.refreeze_limit)
 
     def _build(self, plan: Plan, constants: dict, label: str,
                pieces: dict) -> tuple[Callable, dict[int, PieceRecord]]:
@@ -240,7 +269,7 @@ class Arbiter:
     def _track(self, piece: Piece) -> None:
         with self._lock:
             piece.timed = self._timed
-            self._pieces.append(piece)
+            self._pieces.add(piece)
 
     def report(self, *, advice: bool = True) -> Report:
         """What ran where: built from the live records, so fallbacks show at once.
@@ -339,6 +368,9 @@ def _graph_report(g: _GraphRecord, backends: dict[str, Backend]) -> GraphReport:
         refusals=[RefusalReport(op=o, backend=b, reason=r, nodes=c)
                   for (o, b, r), c in sorted(refusals.items())],
         constants=g.constants, plan_s=round(g.plan_s, 5), policy=g.plan.policy,
+        weight_events=[WeightEventReport(reason=e.reason, action=e.action)
+                       for e in g.weight_events],
+        weights_as_inputs=g.weights_as_inputs,
         chosen=getattr(g.plan, "chosen", ""),
         candidates_ms=dict(getattr(g.plan, "candidates_ms", {}) or {}),
         estimates_ms=dict(getattr(g.plan, "estimates_ms", {}) or {}),

@@ -237,11 +237,16 @@ class CapabilityTable:
         return _COMPUTE
 
     def _has_validator(self, name: str) -> bool:
+        """Whether a node's answer depends on more than its signature (a validator, or
+        a manifest entry with ``wrong_outputs``): then it is not cached."""
         hit = self._validated.get(name)
         if hit is None:
+            # an entry with wrong outputs depends on the node's users, like a validator
             pk = packet_name(name)
-            hit = self._validated[name] = any(name in b.validators or pk in b.validators
-                                              for b in self.backends)
+            hit = self._validated[name] = any(
+                name in b.validators or pk in b.validators
+                or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
+                for b in self.backends)
         return hit
 
     def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple) -> NodeSupport:
@@ -285,10 +290,32 @@ class CapabilityTable:
                 return "symbolic (dynamic) shapes not supported"
             if entry.max_rank is not None and d.rank > entry.max_rank:
                 return f"rank {d.rank} tensor exceeds max_rank {entry.max_rank}"
+        if entry.wrong_outputs:
+            used = used_outputs(node)
+            dtypes = {d.dtype for d in descs}
+            for k, bad, why in entry.wrong_outputs:
+                if k in used and dtypes & bad:
+                    return (f"output {k} is used and {backend.name} computes it wrongly "
+                            f"(probe: {why})")
         check = backend.validators.get(name) or backend.validators.get(packet_name(name))
         if check is not None:
             return check(node)
         return None
+
+
+def used_outputs(node: torch.fx.Node) -> set[int]:
+    """Indices of a tuple-returning node's outputs that some node reads (through its
+    getitems; tracers leave a getitem per output, read or not); a node whose value is
+    read whole counts as using every output."""
+    used: set[int] = set()
+    for user in node.users:
+        if is_getitem(user) and isinstance(user.args[1], int):
+            if user.users:
+                used.add(user.args[1])
+        else:
+            val = node.meta.get("val")
+            return set(range(len(val))) if isinstance(val, (list, tuple)) else {0}
+    return used
 
 
 def is_getitem(node: torch.fx.Node) -> bool:

@@ -13,6 +13,7 @@ A config is YAML (or a dict, or a ``Config``)::
     pin: {aten.softmax.int: inductor}   # this op goes to this backend when it can run it
     decompositions: [aten.gelu]          # decomposed before partitioning
     freeze_weights: true       # inference graphs: weights become constants of the pieces
+    refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
 
 Unknown keys are errors; every error names the file, the key path, the line, and what
 would have been valid.
@@ -172,8 +173,12 @@ class Config(BaseModel):
                                           "before partitioning, on top of the backends' own")
     freeze_weights: bool = Field(
         True, description="inference graphs hand parameters and buffers to backends as "
-                          "constants (folded, prepacked). Weights changed in place after "
-                          "compiling are then not seen: recompile, or set false")
+                          "constants (folded, prepacked); every call checks that the model "
+                          "still holds those weights, and re-freezes when it does not "
+                          "(another instance, load_state_dict, an optimizer step)")
+    refreeze_limit: int = Field(
+        3, ge=0, description="times one graph is re-frozen when its weights change; "
+                             "after that it takes its weights as inputs (no constants)")
     source: Optional[str] = Field(None, exclude=True,
                                   description="where the config came from (set by the loader)")
 

@@ -38,8 +38,35 @@ def decomposition_table(names: Sequence[str]) -> dict:
     return get_decompositions(ops)
 
 
-def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any]) -> dict[torch.fx.Node, torch.Tensor]:
-    """Placeholders of an inference graph that are parameters/buffers -> real tensors."""
+def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """(name, kind) of each input of a Dynamo graph in the user's terms: the name as
+    ``fc1.weight`` and the kind ``parameter``, ``buffer`` or ``input``, from Dynamo's
+    sources (the placeholder's name and ``input`` where it has none)."""
+    import re
+
+    names = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        source = getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
+        if callable(source):
+            source = source()
+        if not isinstance(source, str):
+            names.append((n.name, "input"))
+            continue
+        kind = ("buffer" if "._buffers[" in source else
+                "parameter" if "._parameters[" in source else "input")
+        source = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", source)
+        names.append((re.sub(r"^L\['([^']*)'\]", r"\1", source), kind))
+    return names
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any],
+                  names: Sequence[tuple[str, str]] = ()) -> dict[torch.fx.Node, torch.Tensor]:
+    """Placeholders of an inference graph that are parameters/buffers -> real tensors.
+
+    ``names`` (the user's name and kind of each input, ``input_names``) are kept on the
+    frozen placeholders as ``meta["arbiter_input"]`` (arbiter/freeze.py reads them)."""
     from torch._guards import TracingContext
 
     ctx = TracingContext.try_get()
@@ -61,6 +88,8 @@ def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any]) -> dict[
         if isinstance(val, torch.Tensor) and tuple(val.shape) == tuple(real.shape) \
                 and val.dtype == real.dtype:
             out[node] = real.detach()
+            if i < len(names):
+                node.meta["arbiter_input"] = names[i]
     return out
 
 
@@ -70,6 +99,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
     real_inputs = list(example_inputs)
+    names = input_names(gm) if freeze_weights else []
 
     def compiler(kind: str):
         def compile_one(fx_g: torch.fx.GraphModule, _fake_inputs: Sequence[Any]):
@@ -82,7 +112,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
 
     def _compile_one(kind: str, fx_g: torch.fx.GraphModule):
         freeze = kind == "inference" and freeze_weights
-        constants = frozen_inputs(fx_g, real_inputs) if freeze else {}
+        constants = frozen_inputs(fx_g, real_inputs, names) if freeze else {}
         return make_boxed_func(compile_graph(fx_g, kind, constants))
 
     return aot_module_simplified(

@@ -18,6 +18,8 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
       aten.addmm.default: {}  # one overload
       aten.gelu: {}           # every overload of aten.gelu
       aten.convolution.default: {max_rank: 5, note: "2-D and 3-D only"}
+      aten.nll_loss_forward.default:       # written by `arbiter probe`: a float32 node
+        wrong_outputs: {1: {float32: "max abs error 7"}}   # that uses output 1 is refused
       "*": {}                 # wildcard: any op (the eager backend)
     patterns: []              # reserved: subgraphs claimed whole (e.g. fused Triton kernels)
     decompositions: []        # ops to decompose before partitioning (whole graph)
@@ -74,11 +76,18 @@ class OpEntry(BaseModel):
     probed_dtypes: Optional[list[str]] = Field(
         None, description="dtypes that passed `arbiter probe` (a subset of the allowed "
         "dtypes); the others allowed are declared, not verified")
+    wrong_outputs: Optional[dict[int, dict[str, str]]] = Field(
+        None, description="output index -> {dtype: why}: outputs of a tuple-returning op "
+        "that the backend computes wrongly in samples of that dtype while the others are "
+        "right (written by `arbiter probe`, which compares every output); a node of such a "
+        "dtype that uses one is refused")
     note: Optional[str] = Field(None, description="free text shown in reports")
 
     _dtypes = field_validator("dtypes", "probed_dtypes")(
         classmethod(lambda cls, v: _check_dtypes(v)))
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
+    _wrong = field_validator("wrong_outputs")(classmethod(
+        lambda cls, v: v if v is None or [_check_dtypes(list(p)) for p in v.values()] else v))
 
 
 class Defaults(BaseModel):
@@ -169,6 +178,9 @@ class Manifest(BaseModel):
             dynamic=d.dynamic if entry.dynamic is None else entry.dynamic,
             max_rank=entry.max_rank,
             verified=entry.verified or d.verified,
+            wrong_outputs=tuple((k, frozenset(DTYPES[d] for d in per if d in DTYPES),
+                                 "; ".join(f"{d}: {why}" for d, why in per.items()))
+                                for k, per in sorted((entry.wrong_outputs or {}).items())),
         )
 
 
@@ -181,6 +193,7 @@ class ResolvedEntry(BaseModel):
     max_rank: Optional[int]
     verified: str
     probed_dtypes: Optional[frozenset] = None  # None: the probe did not record them
+    wrong_outputs: tuple = ()  # ((output index, dtypes, why), ...): see OpEntry
 
 
 def _validate(located: Located, backend: Optional[str]) -> Manifest:

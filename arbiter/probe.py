@@ -37,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import operator
+import re
 import sys
 import time
 from collections import defaultdict
@@ -48,7 +50,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from .capability import is_mutating, is_random, tensor_descs
+from .capability import is_getitem, is_mutating, is_random, tensor_descs
 from .manifest import DTYPES
 from .ops import op_name, packet_name
 from .registry import Backend
@@ -87,6 +89,15 @@ class ProbeResult:
     failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
     # op -> {dtype: reason}: dtypes its tensors had in a failed sample (any number of ops)
     failed_dtypes: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # outputs of tuple-returning ops the sample does not return (expose_outputs), from
+    # samples whose own outputs passed: op -> {(index, sample dtype)} right, and
+    # op -> {index: {sample dtype: why}} wrong
+    outputs_passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    outputs_failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+
+    def wrong_outputs(self, op: str) -> dict[int, dict[str, str]]:
+        """{output index: {dtype: why}} of ``op`` that differed from eager in a sample."""
+        return {k: dict(v) for k, v in self.outputs_failed.get(op, {}).items()}
 
     def record(self, sample: "SampleResult", credit: Iterable[tuple[str, str]]) -> None:
         """Credit or blame for one run sample; ``credit``: the (op, dtype name) pairs of
@@ -119,7 +130,8 @@ class ProbeResult:
                 f"{c['passed'] + c['failed']} samples run ({c['passed']} passed, "
                 f"{c['failed']} failed, {c['skipped']} skipped) in {self.elapsed_s:.0f} s; "
                 f"{len(self.passed)} ops verified, {len(failed_ops)} ops failed every "
-                f"sample{' (stopped at the time limit)' if self.stopped_early else ''}")
+                f"sample, {len(self.outputs_failed)} ops with wrong unreturned outputs"
+                f"{' (stopped at the time limit)' if self.stopped_early else ''}")
 
 
 def opinfos(names: Optional[Sequence[str]] = None) -> list:
@@ -191,10 +203,41 @@ def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
     return gm, tensors
 
 
+def expose_outputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int]]:
+    """Make ``gm`` also return every tensor output of its tuple-returning ops that it
+    does not return already (``total_weight`` of ``nll_loss_forward``, the statistics of
+    ``native_layer_norm``, SDPA's ``logsumexp``...): outputs a user never sees but a
+    backward graph reads. Returns (node, output index) per output added, in the order
+    they now follow the graph's own outputs."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    added = []
+    for n in list(gm.graph.nodes):
+        val = n.meta.get("val")
+        if n.op != "call_function" or not isinstance(val, (tuple, list)) \
+                or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        getitems = {u.args[1]: u for u in n.users if is_getitem(u)}
+        for k, v in enumerate(val):
+            if not isinstance(v, torch.Tensor):
+                continue
+            g = getitems.get(k)
+            if g is None:
+                with gm.graph.inserting_after(n):
+                    g = gm.graph.call_function(operator.getitem, (n, k))
+                g.meta["val"] = v
+            if g not in returned:
+                returned.append(g)
+                added.append((n, k))
+    out.args = (tuple(returned),)
+    gm.recompile()
+    return added
+
+
 def _graph_ops(gm: torch.fx.GraphModule) -> tuple[list[torch.fx.Node], Optional[str]]:
     nodes = []
     for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output", "get_attr"):
+        if n.op in ("placeholder", "output", "get_attr") or is_getitem(n):
             continue
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             return [], f"non-ATen node {n.format_node()[:80]}"
@@ -236,6 +279,33 @@ def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     if not cmp.ok:
         return "failed", "numbers", cmp.detail, cmp.max_error
     return "passed", "", "", cmp.max_error
+
+
+def probe_unreturned(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                     tolerances: Optional[dict] = None) -> tuple[list, dict]:
+    """For a graph that passed ``probe_sample``: its ops' outputs it does not return
+    (``expose_outputs``, which changes ``gm``), each compared with eager on its own.
+    Returns (the (node, output index) pairs added, {pair: why} for each wrong one); a
+    graph that fails to compile or run with them returned makes all of them wrong."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    added = expose_outputs(gm)
+    if not added:
+        return [], {}
+    first = len(output_specs(gm) or ()) - len(added)
+    try:
+        expected = list(gm(*[t.clone() for t in inputs]))[first:]
+        with _disable_current_modes(), _quiet_warnings():
+            fn = backend.compile(gm, [t.clone() for t in inputs])
+            got = list(fn(*[t.clone() for t in inputs]))[first:]
+    except Exception as exc:  # noqa: BLE001
+        return added, {a: f"fails when returned: {_reason(exc)}" for a in added}
+    wrong = {}
+    for a, e, g in zip(added, expected, got):
+        cmp = compare([e], [g], tolerances)
+        if not cmp.ok:
+            wrong[a] = re.sub(r"^output 0 \([^)]*\):? ?", "", cmp.detail)
+    return added, wrong
 
 
 @contextlib.contextmanager
@@ -311,6 +381,9 @@ def _one(backend, manifest, info, label, dname, dtype, decomps, result, toleranc
     if missing:
         return SampleResult(label, dname, sorted(set(names)), "skipped", "manifest",
                             f"not in the manifest: {', '.join(missing[:5])}")
+    refused = _refused(backend, nodes)
+    if refused:
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "validator", refused)
     memo: dict = {}
     credit = {(op_name(n.target), dtype_name(d.dtype)) for n in nodes
               for d in tensor_descs(n, memo)}
@@ -320,7 +393,31 @@ def _one(backend, manifest, info, label, dname, dtype, decomps, result, toleranc
     status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
     sample = SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
     result.record(sample, credit)
+    if status != "passed":
+        return sample
+    added, wrong = probe_unreturned(backend, gm, inputs, tolerances)
+    for node, k in added:
+        op = op_name(node.target)
+        why = wrong.get((node, k))
+        if why is None:
+            result.outputs_passed[op].add((k, dname))
+            continue
+        result.outputs_failed[op].setdefault(k, {}).setdefault(
+            dname, f"differs from eager ({label}): {why}"[:200])
+        sample.reason += f"{'; ' if sample.reason else ''}unreturned output {k} of {op} wrong"
     return sample
+
+
+def _refused(backend: Backend, nodes: Sequence[torch.fx.Node]) -> str:
+    """Why the backend's validators refuse a node of the sample ("" if none): arbiter
+    never hands such a node to it, so the sample says nothing about the backend."""
+    for n in nodes:
+        name = op_name(n.target)
+        check = backend.validators.get(name) or backend.validators.get(packet_name(name))
+        why = check(n) if check is not None else None
+        if why:
+            return f"{name}: {why}"
+    return ""
 
 
 def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:
@@ -390,6 +487,20 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         if probed:
             entry["verified"] = "probed"
             entry["probed_dtypes"] = probed
+        # earlier findings stay unless this probe passed that output in that dtype
+        passed_outputs = result.outputs_passed.get(op, set())
+        wrong: dict = {}
+        for k, per in (entry.get("wrong_outputs") or {}).items():
+            per = {d: why for d, why in per.items() if (int(k), d) not in passed_outputs}
+            if per:
+                wrong[int(k)] = per
+        for k, per in result.wrong_outputs(op).items():
+            wrong.setdefault(k, {}).update(per)
+        wrong = {k: {d: wrong[k][d] for d in DTYPES if d in wrong[k]} for k in wrong}
+        if wrong:
+            entry["wrong_outputs"] = dict(sorted(wrong.items()))
+        else:
+            entry.pop("wrong_outputs", None)
         dropped_now[op] = {d: why for d, why in dropped.items() if d in allowed}
         if key == op or entry != before:
             ops[op] = entry
@@ -397,7 +508,9 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     out["ops"] = dict(sorted(ops.items()))
     c = result.counts()
     # A later probe of other OpInfos (--ops) on the same versions adds to the record.
-    prev = doc.get("probe") or {}
+    # The counts start again on other versions; why ops are missing or narrowed
+    # (`failed`, `dtypes_dropped`) stays as long as they are.
+    kept = prev = doc.get("probe") or {}
     same = (prev.get("torch") == str(result.torch_version)
             and prev.get("backend_version") == str(result.backend_version))
     if not same:
@@ -413,9 +526,9 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "samples_passed": prev.get("samples_passed", 0) + c["passed"],
         "samples_failed": prev.get("samples_failed", 0) + c["failed"],
         "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
-        "failed": {op: why for op, why in sorted({**prev.get("failed", {}), **removed}.items())
+        "failed": {op: why for op, why in sorted({**kept.get("failed", {}), **removed}.items())
                    if op not in out["ops"]},  # one put back (by hand) and passed is not
-        "dtypes_dropped": _merge_dropped(prev.get("dtypes_dropped", {}), dropped_now,
+        "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
     }
     return out

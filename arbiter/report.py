@@ -104,6 +104,14 @@ class NodeReport(BaseModel):
     dtype: str = ""
 
 
+class WeightEventReport(BaseModel):
+    """A graph's frozen weights changed after it was compiled (arbiter/freeze.py)."""
+
+    reason: str = Field(description="which weights changed, and how")
+    action: str = Field(description="`re-frozen` (pieces rebuilt around the new weights) "
+                                    "or `weights as inputs` (from then on, no constants)")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -112,6 +120,11 @@ class GraphReport(BaseModel):
     refusals: list[RefusalReport] = Field(default_factory=list,
                                           description="why backends refused ops, per op")
     constants: int = Field(0, description="weights handed to backends as constants")
+    weight_events: list[WeightEventReport] = Field(
+        default_factory=list, description="changes of the frozen weights seen at a call, "
+                                          "in order, and what was done")
+    weights_as_inputs: bool = Field(False, description="the frozen weights changed more "
+                                    "often than `refreeze_limit`: weights are now inputs")
     plan_s: float = 0.0
     policy: str = "priority"
     ops: list[OpReport] = Field(default_factory=list, description="per ATen op, by count")
@@ -214,6 +227,8 @@ def render_text(report: Report) -> str:
         lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
                      f"{len(g.partitions)} partitions, {g.constants} constant weights, "
                      f"planned in {g.plan_s * 1e3:.1f} ms")
+        for e in g.weight_events:
+            lines.append(f"  weights changed: {e.reason}: {e.action}")
         for p in g.partitions:
             ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
                             for k, v in sorted(p.ops.items()))

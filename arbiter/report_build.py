@@ -94,6 +94,9 @@ def _conditions(backend: Backend, op: str) -> str:
            f"{'dynamic' if entry.dynamic else 'static'} shapes"
     if entry.max_rank is not None:
         text += f"; rank <= {entry.max_rank}"
+    for k, dtypes, _ in entry.wrong_outputs:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        text += f"; output {k} wrong in {names} (refused where used)"
     if op in backend.validators or op.rsplit(".", 1)[0] in backend.validators:
         text += "; plus a validator"
     return text + f" ({_verified(entry)})"

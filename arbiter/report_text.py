@@ -106,6 +106,8 @@ def _graph_tables(report: Report, g: GraphReport):
                                                  for b, ms in p.measured_ms.items()))
         if notes:
             yield _e(f"  partition {p.id}: " + "; ".join(notes))
+    for e in g.weight_events:
+        yield f"  [yellow]weights changed[/yellow]: {_e(e.reason)}: {_e(e.action)}"
     for p in g.partitions:
         for f in p.fallbacks:
             yield (f"  [yellow]fallback[/yellow] partition {p.id} at {f.stage}: "

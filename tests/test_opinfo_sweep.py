@@ -28,6 +28,7 @@ import time
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+from torch.utils import _pytree as pytree
 
 import arbiter
 from arbiter.probe import _nondeterministic, _pick_sample, opinfos, sample_fn
@@ -93,7 +94,7 @@ def sweep_one(info, dtype: torch.dtype) -> tuple[str, str]:
     return "eager_only", ""
 
 
-def sweep(infos, dtypes, log=None) -> tuple[collections.Counter, list]:
+def sweep(infos, dtypes, log=None, one=sweep_one) -> tuple[collections.Counter, list]:
     counts: collections.Counter = collections.Counter()
     failures = []
     start = time.perf_counter()
@@ -101,7 +102,7 @@ def sweep(infos, dtypes, log=None) -> tuple[collections.Counter, list]:
         for dtype in dtypes:
             if dtype not in info.supported_dtypes("cpu"):
                 continue
-            cat, detail = sweep_one(info, dtype)
+            cat, detail = one(info, dtype)
             counts[cat] += 1
             if cat == "failed":
                 failures.append(f"{info.name}.{info.variant_test_name} [{dtype}]: {detail}")
@@ -126,6 +127,112 @@ def test_opinfo_sweep_ci(fresh_dynamo):
 def test_opinfo_sweep_full(fresh_dynamo):
     counts, failures = sweep(opinfos(), [torch.float32, torch.int64], log=sys.stderr)
     print("opinfo sweep (full):", dict(counts), file=sys.stderr)
+    for line in failures:
+        print("  failed:", line, file=sys.stderr)
+    assert not failures, f"{len(failures)} failures; first: {failures[:10]}"
+
+
+# -- gradients: backward through arbiter -------------------------------------------------------
+#: OpInfos with a backward for the CI gradient sweep: the CI list's differentiable ones,
+#: plus ops whose forward saves outputs the backward reads (total_weight, statistics,
+#: logsumexp, indices).
+CI_GRAD_OPINFOS = [
+    "add", "div", "exp", "tanh", "sum", "amax", "softmax", "cumsum", "bmm", "addmm",
+    "nn.functional.gelu", "nn.functional.layer_norm", "nn.functional.conv2d", "cat",
+    "gather", "masked_fill", "nn.functional.cross_entropy", "nn.functional.nll_loss",
+    "log_softmax", "nn.functional.max_pool2d", "nn.functional.scaled_dot_product_attention",
+    "nn.functional.batch_norm", "var_mean", "topk",
+]
+
+
+def _grad_sample(info, dtype):
+    """The first sample with a differentiable tensor input of more than one element."""
+    torch.manual_seed(0)
+    for k, s in enumerate(info.sample_inputs("cpu", dtype, requires_grad=True)):
+        if isinstance(s.input, torch.Tensor) and s.input.numel() > 1 and s.input.requires_grad:
+            return s
+        if k >= 8:
+            break
+    return None
+
+
+def _grads(fn, tensors, wants, backend=None):
+    """(outputs, gradients of every input that wants one) for a fixed random cotangent
+    on each differentiable output; ``backend`` None runs eager."""
+    ins = [t.clone().requires_grad_(w) for t, w in zip(tensors, wants)]
+    if backend is not None:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, backend=backend, dynamic=False)
+    torch.manual_seed(0)
+    outs = list(fn(*ins))
+    diff = [o for o in outs if o.requires_grad]
+    gen = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff]
+    leaves = [t for t in ins if t.requires_grad]
+    grads = torch.autograd.grad(diff, leaves, cots, allow_unused=True) if diff else ()
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
+    return [o.detach() for o in outs], grads
+
+
+def sweep_grad_one(info, dtype: torch.dtype) -> tuple[str, str]:
+    """Like ``sweep_one``, for outputs and the gradients of every differentiable input
+    (the forward graph's saved outputs reach the backward graph: any wrong one shows)."""
+    if _nondeterministic(info):
+        return "nondeterministic", "uninitialized or random outputs: nothing to compare"
+    if not info.supports_autograd:
+        return "no_sample", "no backward"
+    sample = _grad_sample(info, dtype)
+    if sample is None:
+        return "no_sample", ""
+    leaves = [v for v in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+              if isinstance(v, torch.Tensor)]
+    wants = [t.requires_grad for t in leaves]
+    fn, tensors = sample_fn(info, sample)
+    try:
+        expected, want_grads = _grads(fn, tensors, wants)
+    except Exception as exc:  # noqa: BLE001 - eager cannot: nothing to compare
+        return "no_sample", f"eager: {type(exc).__name__}"
+    if not want_grads:
+        return "no_sample", "no gradient"
+    be = arbiter.Arbiter(SWEEP_CONFIG)
+    try:
+        got, got_grads = _grads(fn, tensors, wants, be)
+    except Exception as exc:  # noqa: BLE001
+        try:
+            _grads(fn, tensors, wants, "aot_eager")
+        except Exception:  # noqa: BLE001
+            return "torch_failed", f"{type(exc).__name__}: {str(exc)[:120]}"
+        return "failed", f"crash: {type(exc).__name__}: {str(exc)[:200]}"
+    cmp = compare(expected, got)
+    if not cmp.ok:
+        return "failed", f"wrong output: {cmp.detail}"
+    cmp = compare(want_grads, got_grads)
+    if not cmp.ok:
+        return "failed", f"wrong gradient: {cmp.detail}"
+    parts = [p for g in be.report(advice=False).graphs for p in g.partitions]
+    if any(p.fallbacks for p in parts):
+        return "fell_back", "; ".join(f"{fb.from_backend}->{fb.to_backend} at {fb.stage}"
+                                      for p in parts for fb in p.fallbacks)
+    if any(p.backend != "eager" for p in parts):
+        return "matched", ",".join(sorted({p.backend for p in parts}))
+    return "eager_only", ""
+
+
+def test_opinfo_grad_sweep_ci(fresh_dynamo):
+    infos = [o for o in opinfos(CI_GRAD_OPINFOS) if not o.variant_test_name]
+    assert len(infos) >= 20
+    counts, failures = sweep(infos, [torch.float32], one=sweep_grad_one)
+    print("opinfo gradient sweep (CI):", dict(counts))
+    assert not failures, "\n".join(failures)
+    assert counts["matched"] + counts["fell_back"] >= len(infos) // 2, dict(counts)
+
+
+@pytest.mark.slow
+def test_opinfo_grad_sweep_full(fresh_dynamo):
+    """Every OpInfo with a backward, float32 (about an hour on 2 cores)."""
+    infos = [o for o in opinfos() if o.supports_autograd]
+    counts, failures = sweep(infos, [torch.float32], log=sys.stderr, one=sweep_grad_one)
+    print("opinfo gradient sweep (full):", dict(counts), file=sys.stderr)
     for line in failures:
         print("  failed:", line, file=sys.stderr)
     assert not failures, f"{len(failures)} failures; first: {failures[:10]}"

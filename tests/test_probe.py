@@ -1,6 +1,8 @@
 """`arbiter probe`: OpInfo samples through one backend alone vs eager; manifest updates."""
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import yaml
@@ -259,3 +261,84 @@ def test_probed_dtypes_validated(entry, message):
         parse_manifest(text, "x.yaml")
     assert message in str(info.value)
     assert "x.yaml:4: ops['aten.mul.Tensor'].probed_dtypes" in str(info.value)
+
+
+# -- outputs a sample does not return (saved for backward) -------------------------------------
+NLL_OPS = ["aten._log_softmax.default", "aten.nll_loss_forward.default"]
+
+
+def _total_weight_wrong(self, gm, example_inputs):
+    """Right loss, total_weight always 1 (what torchlib's nll_loss_forward did), when a
+    graph returns it."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    bad = [k for k, a in enumerate(out_node.args[0]) if a.target is operator.getitem
+           and a.args[0].target is torch.ops.aten.nll_loss_forward.default and a.args[1] == 1]
+
+    def fn(*args):
+        out = list(gm(*args))
+        for k in bad:
+            out[k] = torch.full_like(out[k], 1.0)
+        return out
+    return fn
+
+
+def test_expose_outputs_adds_the_unreturned_outputs():
+    from arbiter.probe import expose_outputs
+    from conftest import trace
+
+    x, y = torch.randn(8, 4), torch.randint(0, 4, (8,))
+    gm = trace(lambda x, y: torch.nn.functional.nll_loss(torch.log_softmax(x, 1), y), x, y)
+    added = expose_outputs(gm)
+    assert [(str(n.target), k) for n, k in added] == [("aten.nll_loss_forward.default", 1)]
+    loss, total_weight = gm(x, y)
+    assert float(total_weight) == 8.0
+
+
+def test_probe_records_a_wrong_unreturned_output(make_backend, tmp_path):
+    cls = make_backend("nll", NLL_OPS, compile=_total_weight_wrong)
+    result = probe(cls(), ops=["nn.functional.nll_loss"], dtypes=["float32"])
+    op = "aten.nll_loss_forward.default"
+    # the loss itself is right: the op is credited, its output 1 is not
+    assert "float32" in result.passed[op]
+    assert set(result.wrong_outputs(op)) == {1}
+    assert "differs from eager" in result.wrong_outputs(op)[1]["float32"]
+    out = tmp_path / "m.yaml"
+    write_manifest(cls.manifest_path(), result, out=out)
+    m = load_manifest(out, backend="nll")
+    assert set(m.ops[op].wrong_outputs) == {1}
+    assert [(k, d) for k, d, _ in m.entry(op).wrong_outputs] == [(1, {torch.float32})]
+    # a later probe where output 1 comes back right lifts it
+    fixed = make_backend("nll2", NLL_OPS)
+    again = probe(fixed(), ops=["nn.functional.nll_loss"], dtypes=["float32"])
+    assert again.outputs_passed[op] == {(1, "float32")} and not again.wrong_outputs(op)
+    doc = manifest_update(yaml.safe_load(out.read_text()), again)
+    assert "wrong_outputs" not in doc["ops"][op]
+
+
+def test_wrong_output_refuses_only_nodes_that_use_it(make_backend):
+    from arbiter.capability import CapabilityTable
+    from conftest import trace
+
+    cls = make_backend("nll", NLL_OPS)
+    m = cls.manifest()
+    m.ops["aten.nll_loss_forward.default"].wrong_outputs = {1: {"float32": "total_weight"}}
+    m.defaults.dtypes = ["float32", "float64", "int64"]  # float64: right in this dtype
+    m._resolved.cache_clear()
+    eager = arbiter.get_backend_class("eager")
+    table = CapabilityTable([cls(), eager()])
+    x, y = torch.randn(8, 4), torch.randint(0, 4, (8,))
+
+    def loss_only(x, y):
+        return torch.ops.aten.nll_loss_forward(x, y, None, 1, -100)[0]
+
+    def both(x, y):
+        loss, tw = torch.ops.aten.nll_loss_forward(x, y, None, 1, -100)
+        return loss / tw
+
+    for fn, ok, x in ((loss_only, True, x), (both, False, x), (both, True, x.double())):
+        node = next(n for n in trace(fn, x, y).graph.nodes
+                    if n.target is torch.ops.aten.nll_loss_forward.default)
+        sup = table.support(node)
+        assert ("nll" in sup.candidates) is ok, sup
+        if not ok:
+            assert "output 1 is used" in sup.refusals["nll"]
