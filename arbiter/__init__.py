@@ -11,27 +11,25 @@ Heavy packages (onnxruntime, openvino, triton...) are imported by their backend,
 """
 from __future__ import annotations
 
+from ._version import __version__
 from .arbiter import Arbiter
 from .config import Config, load_config
-from .errors import (ArbiterError, BackendUnavailableError, ConfigError, ManifestError,
-                     UnknownBackendError, UnknownOpError)
-from .explain import explain, partition
+from .dryrun import explain, partition
+from .dynamo import last_arbiter
+from .errors import ArbiterError, ConfigError, ManifestError, UnknownBackendError, UnknownOpError
+from .plan.policy import Policy, register_policy
 from .registry import Backend, backend_names, get_backend_class, register_backend
 from .report import Report
 
-__version__ = "0.1.0"
-
 __all__ = [
-    "Arbiter", "ArbiterError", "Backend", "BackendUnavailableError", "Config", "ConfigError",
-    "ManifestError", "Report", "UnknownBackendError", "UnknownOpError", "backend_names",
+    "Arbiter", "ArbiterError", "Backend", "Config", "ConfigError", "ManifestError", "Policy",
+    "Report", "UnknownBackendError", "UnknownOpError", "__version__", "backend_names",
     "explain", "get_backend_class", "last_report", "load_config", "partition",
-    "register_backend",
+    "register_backend", "register_policy",
 ]
 
 
 def last_report() -> Report | None:
     """The report of the most recent ``backend="arbiter"`` compile in this process."""
-    from .dynamo import last_arbiter
-
     be = last_arbiter()
     return be.report() if be is not None else None

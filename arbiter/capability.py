@@ -12,7 +12,6 @@ node that reads it; what an op is (ATen, in place, random) is looked up once per
 """
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
@@ -20,7 +19,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .ops import op_name, packet_name
+from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
+                  random_depends_on_args, tensors_in)
 from .registry import Backend
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
@@ -30,48 +30,6 @@ MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 _PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
-
-
-def is_random(node: torch.fx.Node) -> bool:
-    """Whether ``node`` draws random numbers. Attention ops carry the random tag for their
-    ``dropout_p`` argument; with ``dropout_p == 0`` (every inference graph) they draw
-    nothing and may go to any backend able to run them."""
-    target = node.target
-    if not (isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags):
-        return False
-    index = _dropout_index(target)
-    if index is None:
-        return True
-    arg = target._schema.arguments[index]
-    p = node.args[index] if index < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
-    return not (isinstance(p, (int, float)) and p == 0)
-
-
-_DROPOUT_INDEX: dict[Any, Optional[int]] = {}
-
-
-def _dropout_index(target: torch._ops.OpOverload) -> Optional[int]:
-    """Position of a ``dropout_p`` argument of a random-tagged op, or None."""
-    try:
-        return _DROPOUT_INDEX[target]
-    except KeyError:
-        names = [a.name for a in target._schema.arguments]
-        index = _DROPOUT_INDEX[target] = names.index("dropout_p") if "dropout_p" in names else None
-        return index
-
-
-def random_depends_on_args(node: torch.fx.Node) -> bool:
-    """Whether ``is_random`` of this node's op depends on its arguments (not the op alone)."""
-    target = node.target
-    return (isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags
-            and _dropout_index(target) is not None)
-
-
-def is_mutating(node: torch.fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 class TensorDesc(NamedTuple):
@@ -99,21 +57,11 @@ def _desc(t: Any) -> Optional[TensorDesc]:
     return _new_tuple(TensorDesc, (t.dtype, t.device.type, len(shape), symbolic))
 
 
-def _flat(value: Any, out: list) -> None:
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            _flat(v, out)
-    else:
-        out.append(value)
-
-
 def value_descs(value: Any) -> tuple:
     """Descriptors of the tensors in one ``meta["val"]`` (a tensor, or nested lists of)."""
     if isinstance(value, torch.Tensor):
         return (_desc(value),)
-    found: list = []
-    _flat(value, found)
-    return tuple(d for d in map(_desc, found) if d is not None)
+    return tuple(map(_desc, tensors_in(value)))
 
 
 def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
@@ -135,15 +83,6 @@ def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
     if d is None:
         d = memo[node] = value_descs(node.meta.get("val"))
     return out + d
-
-
-def produces_tensor(node: torch.fx.Node) -> bool:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return True
-    if isinstance(val, (list, tuple)):
-        return any(isinstance(v, torch.Tensor) for v in val)
-    return val is None and "val" not in node.meta  # unknown: assume a tensor
 
 
 @dataclass
@@ -317,6 +256,3 @@ def used_outputs(node: torch.fx.Node) -> set[int]:
             return set(range(len(val))) if isinstance(val, (list, tuple)) else {0}
     return used
 
-
-def is_getitem(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target is operator.getitem

@@ -27,8 +27,11 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
-                     did_you_mean, require_known)
+                     did_you_mean, require_known, unknown_name)
+from .manifest import DTYPES
 from .ops import resolve
+from .plan.policy import policy_names
+from .registry import aten_fallback, backend_names, get_backend_class
 from .yamlsrc import Located, load_file, validation_error
 
 DEFAULT_CONFIG = "default"
@@ -45,7 +48,7 @@ class BackendSpec(BaseModel):
 
 
 class MeasureOptions(BaseModel):
-    """How policy `measure` times candidates (issue 4)."""
+    """How policy `measure` times candidates (docs/policies.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -63,7 +66,7 @@ class MeasureOptions(BaseModel):
 
 
 class CacheOptions(BaseModel):
-    """The persistent cache of decisions and compiled artifacts (issue 4)."""
+    """The persistent cache of decisions and compiled artifacts (docs/cache.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,7 +85,7 @@ class Tolerance(BaseModel):
 
 
 class VerifyOptions(BaseModel):
-    """Accuracy checks of compiled partitions against eager ATen (issue 5)."""
+    """Accuracy checks of compiled partitions against eager ATen (docs/robustness.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -93,20 +96,18 @@ class VerifyOptions(BaseModel):
                          "(the first call of each compiled backend included)")
     tolerances: dict[str, Tolerance] = Field(
         default_factory=dict, description="dtype name -> {rtol, atol}, overriding the "
-        "defaults of arbiter.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, atol 1e-5); "
+        "defaults of arbiter.run.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, atol 1e-5); "
         "integer and bool outputs must be equal")
 
     @field_validator("tolerances")
     @classmethod
     def _known_dtypes(cls, v: dict[str, "Tolerance"]) -> dict[str, "Tolerance"]:
-        from .manifest import DTYPES
-
         require_known("dtype", v, DTYPES)
         return v
 
 
 class ResourcesOptions(BaseModel):
-    """One thread budget and one memory arena for all backends (issue 6)."""
+    """One thread budget and one memory arena for all backends (docs/resources.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -134,8 +135,6 @@ class ResourcesOptions(BaseModel):
     @field_validator("spin")
     @classmethod
     def _spin_owner(cls, v: str) -> str:
-        from .registry import backend_names
-
         require_known("spin owner", [v], ["auto", "none", *backend_names()])
         return v
 
@@ -151,14 +150,19 @@ class Config(BaseModel):
         default_factory=list,
         description="backends that run what the `backends` refuse or fail to compile, in "
                     "order; eager ATen always ends the chain and need not be listed")
-    policy: Literal["priority", "measure", "cost"] = Field(
+    policy: str = Field(
         "priority", description="`priority`: the first backend in config order that can "
                                 "run a node gets it; `measure`: the fastest placement by "
-                                "timing candidates; `cost`: by a static cost estimate")
-    measure: MeasureOptions = Field(default_factory=MeasureOptions)
-    cache: CacheOptions = Field(default_factory=CacheOptions)
-    verify: VerifyOptions = Field(default_factory=VerifyOptions)
-    resources: ResourcesOptions = Field(default_factory=ResourcesOptions)
+                                "timing candidates; `cost`: by a static cost estimate; or a "
+                                "policy registered with `@register_policy`")
+    measure: MeasureOptions = Field(default_factory=MeasureOptions,
+                                    description="how policy `measure` times candidates")
+    cache: CacheOptions = Field(default_factory=CacheOptions,
+                                description="the persistent cache of decisions and artifacts")
+    verify: VerifyOptions = Field(default_factory=VerifyOptions,
+                                  description="accuracy checks against eager ATen")
+    resources: ResourcesOptions = Field(default_factory=ResourcesOptions,
+                                        description="one thread budget and arena per process")
     min_block_size: int = Field(
         3, ge=1, description="a partition with fewer compute nodes is handed to the next "
                              "backend able to run its nodes (eager is exempt)")
@@ -199,8 +203,6 @@ class Config(BaseModel):
     # -- derived views -----------------------------------------------------------
     def chain_names(self) -> list[str]:
         """Every backend a node may go to, in order: backends, fallback, eager."""
-        from .registry import aten_fallback
-
         names = [b.name for b in self.backends]
         names += [f for f in self.fallback if f not in names]
         last = aten_fallback().name
@@ -217,8 +219,6 @@ class Config(BaseModel):
 
 def _check_semantics(config: Config, located: Located) -> Config:
     """What pydantic's types cannot say: names that must exist, options that must fit."""
-    from .registry import backend_names, get_backend_class
-
     known = backend_names()
     seen: set[str] = set()
     for i, spec in enumerate(config.backends):
@@ -234,6 +234,8 @@ def _check_semantics(config: Config, located: Located) -> Config:
         except ValidationError as exc:
             raise validation_error(located, exc, cls.Options,
                                    prefix=("backends", i, "options")) from None
+    if config.policy not in policy_names():
+        raise located.error(("policy",), unknown_name("policy", config.policy, policy_names()))
     for i, name in enumerate(config.fallback):
         if name not in known:
             raise located.error(("fallback", i), str(UnknownBackendError(name, known)))

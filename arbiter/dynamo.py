@@ -12,6 +12,7 @@ import json
 import threading
 from typing import Any, Optional
 
+from .arbiter import Arbiter
 from .errors import ConfigError, did_you_mean
 
 _cache: dict[str, Any] = {}
@@ -27,8 +28,6 @@ def _key(config: Any) -> str:
 
 
 def arbiter_backend(gm, example_inputs, options: Optional[dict] = None, **kwargs):
-    from .arbiter import Arbiter
-
     options = dict(options or {})
     unknown = [k for k in options if k not in OPTIONS]
     if unknown:

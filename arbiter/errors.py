@@ -6,6 +6,7 @@ attributes, and its message says what would have been valid.
 from __future__ import annotations
 
 import difflib
+import traceback
 from collections.abc import Iterable
 
 
@@ -29,6 +30,16 @@ def require_known(what: str, names: Iterable[str], valid: Iterable[str]) -> None
     for name in names:
         if name not in valid:
             raise ValueError(unknown_name(what, name, valid))
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an exception a backend raised: its type, the first line of its
+    message (300 characters at most), and the file:line it came from."""
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    loc = f" [at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}]" if where else ""
+    return f"{type(exc).__name__}: {first[:300]}{loc}"
 
 
 class ArbiterError(Exception):
@@ -65,11 +76,3 @@ class UnknownBackendError(ArbiterError, LookupError):
 
 class UnknownOpError(ArbiterError, LookupError):
     """An operator name that does not resolve to a torch operator."""
-
-
-class BackendUnavailableError(ArbiterError):
-    """A configured backend cannot run on this machine (package missing, no device)."""
-
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
-        super().__init__(f"backend {name!r} is unavailable: {reason}")

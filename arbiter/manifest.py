@@ -21,7 +21,6 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
       aten.nll_loss_forward.default:       # written by `arbiter probe`: a float32 node
         wrong_outputs: {1: {float32: "max abs error 7"}}   # that uses output 1 is refused
       "*": {}                 # wildcard: any op (the eager backend)
-    patterns: []              # reserved: subgraphs claimed whole (e.g. fused Triton kernels)
     decompositions: []        # ops to decompose before partitioning (whole graph)
 
 Lookup order for a node's op: the exact overload, then the op without overload, then
@@ -102,16 +101,6 @@ class Defaults(BaseModel):
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
 
 
-class Pattern(BaseModel):
-    """Reserved for backends that claim whole matched subgraphs rather than single ops."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    ops: list[str] = Field(description="the ops of the pattern, in order")
-    note: Optional[str] = None
-
-
 class ProbeInfo(BaseModel):
     """What `arbiter probe` found (written by it): versions, counts, failed ops."""
 
@@ -140,7 +129,6 @@ class Manifest(BaseModel):
     source: Optional[str] = Field(None, description="how this file was produced")
     defaults: Defaults = Field(default_factory=Defaults)
     ops: dict[str, OpEntry] = Field(default_factory=dict)
-    patterns: list[Pattern] = Field(default_factory=list)
     decompositions: list[str] = Field(
         default_factory=list, description="ops this backend wants decomposed (PyTorch's "
         "decomposition table) before partitioning; applies to the whole graph")

@@ -1,14 +1,18 @@
-"""Operator names: the one spelling used in configs, manifests and reports.
+"""Operator names, and what a node or a graph is, as facts read off FX.
 
 An ATen overload is written ``aten.addmm.default``; a name without the overload
 (``aten.addmm``) means every overload of that op. Names are checked against torch's own
 operator registry, so a typo fails with a suggestion instead of matching nothing.
+
+Node facts (``is_getitem``, ``is_random``, ``is_mutating``, ``produces_tensor``) and graph
+facts (``tensors_in`` a value, ``output_values`` of a graph) are what every stage asks of
+a node; they live here so that no stage borrows them from another.
 """
 from __future__ import annotations
 
 import functools
 import operator
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -66,3 +70,79 @@ def resolve(name: str) -> str:
                 f"op {ns}.{base} has no overload {parts[2]!r}; valid: "
                 + ", ".join(sorted(overloads)))
     return name
+
+
+# -- node and graph facts --------------------------------------------------------------
+def is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers. Attention ops carry the random tag for their
+    ``dropout_p`` argument; with ``dropout_p == 0`` (every inference graph) they draw
+    nothing and may go to any backend able to run them."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    index = _dropout_index(target)
+    if index is None:
+        return True
+    arg = target._schema.arguments[index]
+    p = node.args[index] if index < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+    return not (isinstance(p, (int, float)) and p == 0)
+
+
+_DROPOUT_INDEX: dict[Any, Optional[int]] = {}
+
+
+def _dropout_index(target: torch._ops.OpOverload) -> Optional[int]:
+    """Position of a ``dropout_p`` argument of a random-tagged op, or None."""
+    try:
+        return _DROPOUT_INDEX[target]
+    except KeyError:
+        names = [a.name for a in target._schema.arguments]
+        index = _DROPOUT_INDEX[target] = names.index("dropout_p") if "dropout_p" in names else None
+        return index
+
+
+def random_depends_on_args(node: torch.fx.Node) -> bool:
+    """Whether ``is_random`` of this node's op depends on its arguments (not the op alone)."""
+    target = node.target
+    return (isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags
+            and _dropout_index(target) is not None)
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def produces_tensor(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return True
+    if isinstance(val, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in val)
+    return val is None and "val" not in node.meta  # unknown: assume a tensor
+
+
+def tensors_in(value: Any) -> list:
+    """The tensors in a ``meta["val"]`` (a tensor, or nested lists/tuples of values), in
+    order; other values are left out."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    return []
+
+
+def output_values(gm: torch.fx.GraphModule) -> Optional[list]:
+    """The traced value (``meta["val"]``) of each output of a graph returning a tuple,
+    in order: a tensor, another value, or None where an output has no metadata; None
+    when the graph does not return a tuple or list."""
+    out = next((n for n in reversed(gm.graph.nodes) if n.op == "output"), None)
+    if out is None or not isinstance(out.args[0], (tuple, list)):
+        return None
+    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in out.args[0]]

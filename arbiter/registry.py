@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from .cache import fingerprint
 from .errors import ArbiterError, UnknownBackendError
 from .manifest import Manifest, load_manifest
 
@@ -127,7 +128,7 @@ class Backend:
         """
         raise NotImplementedError
 
-    # -- shared resources (arbiter/resources.py) --------------------------------------
+    # -- shared resources (arbiter/run/resources.py) --------------------------------------
     def configure_resources(self, budget: Any) -> dict[str, Any]:
         """Apply the process's ``resources.Budget`` (threads, spin owner, shared arena).
 
@@ -158,8 +159,6 @@ class Backend:
         cache = self.artifact_cache
         if cache is None:
             return build()
-        from .cache import fingerprint
-
         key = fingerprint(gm, example_inputs, self.cache_parts())
         blob = cache.get(kind, key)
         if blob is not None:
@@ -204,8 +203,8 @@ def _discover() -> None:
         if _discovered:
             return
         _discovered = True
-        import arbiter.backends as builtin
-
+        # discovery by name, as for plugins: the built-in backends sit above this module
+        builtin = importlib.import_module("arbiter.backends")
         for info in sorted(pkgutil.iter_modules(builtin.__path__), key=lambda i: i.name):
             if info.name.startswith("_"):
                 continue

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 KeyPath = tuple  # of str | int
 
@@ -110,8 +110,6 @@ def validation_error(located: Located, exc, model, cls: type[ConfigError] = Conf
 
     ``prefix`` is where ``model`` sits in the file (a backend's options, say).
     """
-    from .errors import did_you_mean
-
     err = exc.errors()[0]
     loc = tuple(err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")

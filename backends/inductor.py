@@ -65,7 +65,7 @@ class Inductor(Backend):
 
     def configure_resources(self, budget) -> dict:
         """Inductor's CPU kernels use torch's OpenMP pool (already sized by
-        arbiter.resources); the budget's thread count is also baked into its kernels."""
+        arbiter.run.resources); the budget's thread count is also baked into its kernels."""
         user = self.options.options.get("cpp.threads")
         if not budget.coordinate:
             return {"coordinated": False, "openmp_threads": "torch.get_num_threads() at compile"}

@@ -12,17 +12,15 @@ allocated, which are then handed on as they are.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
-import threading
-import warnings
 from typing import Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from arbiter.registry import Backend, register_backend
+
+from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
 log = logging.getLogger(__name__)
 
@@ -99,24 +97,19 @@ class OnnxRuntime(Backend):
         return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
-        for a in example_inputs:
-            if not isinstance(a, torch.Tensor):
-                raise TypeError(f"non-tensor partition input {type(a).__name__} "
-                                "(symbolic sizes are not supported by this backend)")
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
-        args = tuple(a.detach() for a in example_inputs)
+        args = check_inputs(example_inputs, _NP_NAMES)
         # The export is the slow step (seconds on a transformer): its ONNX bytes are what
         # the persistent cache keeps; session creation from bytes is cheap.
         model_bytes = self.cached_artifact(
             gm, args, lambda: export_onnx(gm, args, optimize=self.options.optimize_export)
             .SerializeToString(), kind="onnx")
         sess = self.make_session(model_bytes)
-        out_vals = _output_vals(gm)
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
-                         [o.name for o in sess.get_outputs()], args, out_vals)
+                         [o.name for o in sess.get_outputs()], args, outputs_of(gm))
 
-    # -- threads, spinning, arena (arbiter/resources.py; docs/resources.md) ------------
+    # -- threads, spinning, arena (arbiter/run/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
         """Threads and one arena for every session of the process.
 
@@ -202,7 +195,7 @@ class OnnxRuntime(Backend):
         """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib)."""
         from torch.onnx._internal.exporter import _registration
 
-        with _quiet():
+        with quiet():
             registry = _registration.ONNXRegistry.from_torchlib()
         out = {}
         for key in registry.functions:
@@ -220,44 +213,18 @@ class OnnxRuntime(Backend):
         return out
 
 
-@contextlib.contextmanager
-def _quiet():
-    """The exporter logs and prints progress and warnings; keep them out of the user's way."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, lvl in zip(loggers, levels):
-            lg.setLevel(lvl)
-
-
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True):
     """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter."""
-    with _quiet():
-        # torch.export non-strict only: torch.onnx.export's own fallback to strict export
-        # runs Dynamo inside the user's compiled call, which invalidated the caller's
-        # Dynamo cache and recompiled the model on every call (seen on GPT-2).
-        exported = torch.export.export(gm, args, strict=False)
+    with quiet():
+        # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
+        # strict export would run Dynamo inside the user's compiled call
+        exported = export_program(gm, args)
         program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
                                     verbose=False, report=False)
     return program.model_proto
 
 
-def _output_vals(gm: torch.fx.GraphModule) -> list:
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    vals = out.meta.get("val")
-    if vals is None:
-        vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                     for a in out.args[0])
-    return list(vals)
-
-
-class OrtRunner:
+class OrtRunner(Runner):
     """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors."""
 
     def __init__(self, sess, in_names: list[str], out_names: list[str], example_args: tuple,
@@ -267,45 +234,22 @@ class OrtRunner:
         if len(in_names) != len(example_args):
             raise RuntimeError(f"exported model has {len(in_names)} inputs, partition has "
                                f"{len(example_args)}")
-        if len(out_names) != len(out_vals):
-            raise RuntimeError(f"exported model has {len(out_names)} outputs, partition has "
-                               f"{len(out_vals)}")
+        super().__init__(out_vals, _NP_NAMES, len(out_names))
         self.sess = sess
         self.in_names = in_names
         self.in_types = [np.dtype(_NP_NAMES[a.dtype]) for a in example_args]
-        specs = []
-        for name, v in zip(out_names, out_vals):
-            if not isinstance(v, torch.Tensor) or v.dtype not in _NP_NAMES:
-                raise TypeError(f"output {name}: unsupported value {type(v).__name__}")
-            if any(not isinstance(s, int) for s in v.shape):
-                raise TypeError(f"output {name}: symbolic shape {tuple(v.shape)}")
-            specs.append((name, tuple(int(s) for s in v.shape), v.dtype,
-                          np.dtype(_NP_NAMES[v.dtype])))
-        self.out_specs = specs
-        self._local = threading.local()
-        self._record = None  # the piece's record: copies made here are counted in it
+        self.out_specs = [(name, shape, dtype, np.dtype(_NP_NAMES[dtype]))
+                          for name, (shape, dtype) in zip(out_names, self.out_specs)]
 
-    def attach_record(self, record) -> None:
-        """Count the copies this runner makes into ``record.copies`` (runtime.Piece)."""
-        self._record = record
-
-    def _binding(self):
-        b = getattr(self._local, "binding", None)
-        if b is None:
-            b = self._local.binding = self.sess.io_binding()
-        return b
+    def new_handle(self):
+        return self.sess.io_binding()
 
     def __call__(self, *args: torch.Tensor):
-        b = self._binding()
-        keep = []
+        b = self.handle()
+        keep = []  # contiguous copies live until the run is done
         for name, t, np_type in zip(self.in_names, args, self.in_types):
-            if not t.is_contiguous():
-                # The one copy left on this path: ONNX has no strides, and binding a
-                # strided tensor's pointer silently computes wrong results.
-                t = t.contiguous()
-                keep.append(t)
-                if self._record is not None:
-                    self._record.copies += 1
+            t = self.contiguous(t)
+            keep.append(t)
             b.bind_input(name, "cpu", 0, np_type, t.shape, t.data_ptr())
         outs = []
         for name, shape, dtype, np_type in self.out_specs:

@@ -13,20 +13,21 @@ itself on CPUs that have it (errors of 2e-2 on transformers, 3.0 on ResNet-50 me
 
 Tensors cross without copies where OpenVINO allows: inputs are wrapped as ``ov.Tensor``
 over the torch tensor's memory (``shared_memory=True``; made contiguous first, which is
-the one copy that can happen: counted in ``OvRunner.input_copies``), and outputs are
+the one copy that can happen: counted in the piece's record), and outputs are
 torch-allocated tensors set as the request's output tensors, so the plugin writes into
 them. Each thread gets its own infer request (requests are not thread-safe).
 """
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from arbiter.registry import Backend, register_backend
+
+from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +112,12 @@ class OpenVino(Backend):
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
         import openvino as ov
 
-        for a in example_inputs:
-            if not isinstance(a, torch.Tensor):
-                raise TypeError(f"non-tensor partition input {type(a).__name__} "
-                                "(symbolic sizes are not supported by this backend)")
-            if a.dtype not in _TORCH_TO_OV:
-                raise TypeError(f"partition input dtype {a.dtype} is not supported")
-        args = tuple(a.detach() for a in example_inputs)
+        args = check_inputs(example_inputs, _TORCH_TO_OV)
         model = convert(gm, args)
         core = ov.Core()
         passthrough = _passthrough_outputs(model)
         compiled = core.compile_model(model, self.options.device, self.properties())
-        return OvRunner(compiled, args, _output_vals(gm), passthrough)
+        return OvRunner(compiled, args, outputs_of(gm), passthrough)
 
     _budget_threads = None  # set by configure_resources, process-wide
 
@@ -143,7 +138,7 @@ class OpenVino(Backend):
                  "PERFORMANCE_HINT": o.performance_hint}
         if o.num_threads is not None:
             props["INFERENCE_NUM_THREADS"] = o.num_threads
-        elif self._budget_threads is not None:  # arbiter.resources' budget
+        elif self._budget_threads is not None:  # arbiter.run.resources' budget
             props["INFERENCE_NUM_THREADS"] = self._budget_threads
         if o.cache_dir is not None:
             props["CACHE_DIR"] = o.cache_dir
@@ -176,12 +171,8 @@ def convert(gm: torch.fx.GraphModule, args: tuple):
     """An ATen FX graph -> openvino.Model, with the inputs' shapes and dtypes fixed."""
     import openvino as ov
 
-    from arbiter.backends.onnxruntime import _quiet
-
-    with _quiet():
-        # non-strict: a strict export runs Dynamo inside the user's compiled call (see
-        # the ONNX Runtime backend); real strides, as a `view` may rely on them.
-        exported = torch.export.export(gm, args, strict=False)
+    with quiet():
+        exported = export_program(gm, args)
         try:
             model = ov.convert_model(exported)
         except Exception as exc:
@@ -228,67 +219,34 @@ def _conversion_summary(message: str) -> str:
     return "; ".join(parts) if parts else (lines[0] if lines else message)
 
 
-def _output_vals(gm: torch.fx.GraphModule) -> list:
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    vals = out.meta.get("val")
-    if vals is None:
-        res = out.args[0]
-        vals = tuple(a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-                     for a in (res if isinstance(res, (tuple, list)) else (res,)))
-    return list(vals) if isinstance(vals, (tuple, list)) else [vals]
-
-
-class OvRunner:
+class OvRunner(Runner):
     """Runs one compiled model: inputs and outputs share memory with torch tensors."""
 
     def __init__(self, compiled, example_args: tuple, out_vals: list,
                  passthrough: Optional[dict[int, int]] = None):
-        n_in, n_out = len(compiled.inputs), len(compiled.outputs)
+        n_in = len(compiled.inputs)
         if n_in != len(example_args):
             raise RuntimeError(f"converted model has {n_in} inputs, partition has "
                                f"{len(example_args)}")
-        if n_out != len(out_vals):
-            raise RuntimeError(f"converted model has {n_out} outputs, partition has "
-                               f"{len(out_vals)}")
-        specs = []
-        for i, v in enumerate(out_vals):
-            if not isinstance(v, torch.Tensor) or v.dtype not in _TORCH_TO_OV:
-                raise TypeError(f"output {i}: unsupported value {type(v).__name__}")
-            if any(not isinstance(s, int) for s in v.shape):
-                raise TypeError(f"output {i}: symbolic shape {tuple(v.shape)}")
+        super().__init__(out_vals, _TORCH_TO_OV, len(compiled.outputs))
+        for i, (shape, _) in enumerate(self.out_specs):
             ov_shape = tuple(compiled.outputs[i].get_partial_shape().to_shape())
-            if ov_shape != tuple(v.shape):
+            if ov_shape != shape:
                 raise RuntimeError(f"output {i}: OpenVINO gives shape {ov_shape}, the "
-                                   f"partition {tuple(v.shape)}")
-            specs.append((tuple(int(s) for s in v.shape), v.dtype))
+                                   f"partition {shape}")
         self.compiled = compiled
-        self.out_specs = specs
         self.passthrough = dict(passthrough or {})  # output -> input it is (copied in torch)
-        self.input_copies = 0  # non-contiguous inputs made contiguous (one copy each)
-        self._record = None  # the piece's record: copies made here are counted in it
-        self._local = threading.local()
 
-    def attach_record(self, record) -> None:
-        """Count the copies this runner makes into ``record.copies`` (runtime.Piece)."""
-        self._record = record
-
-    def _request(self):
-        r = getattr(self._local, "request", None)
-        if r is None:
-            r = self._local.request = self.compiled.create_infer_request()
-        return r
+    def new_handle(self):
+        return self.compiled.create_infer_request()
 
     def __call__(self, *args: torch.Tensor):
         import openvino as ov
 
-        req = self._request()
-        keep = []
+        req = self.handle()
+        keep = []  # contiguous copies live until the request is done
         for i, t in enumerate(args):
-            if not t.is_contiguous():
-                t = t.contiguous()
-                self.input_copies += 1
-                if self._record is not None:
-                    self._record.copies += 1
+            t = self.contiguous(t)
             keep.append(t)
             req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
         outs = []

@@ -27,7 +27,7 @@ def worker(model_name: str, policy: str) -> None:
     import torch
 
     import arbiter
-    from arbiter.examples import EXAMPLES
+    from arbiter.cli.examples import EXAMPLES
 
     torch.set_num_threads(2)
     model, inputs = EXAMPLES[model_name]()
@@ -63,10 +63,10 @@ def worker(model_name: str, policy: str) -> None:
         out = fn(*inputs)
         first = time.perf_counter() - t0
     err = (out - ref).abs().max().item() if isinstance(out, torch.Tensor) else None
-    plan = be._graphs[0].plan
+    outcome = be.graphs[0].outcome
     print(json.dumps({"compile_s": first - eager_s, "backend_s": spent[0],
                       "hits": be.cache.hits if be.cache else 0,
-                      "chosen": plan.chosen or "priority", "max_err": err}))
+                      "chosen": outcome.chosen or "priority", "max_err": err}))
 
 
 def run(model: str, policy: str, cache_dir: str) -> dict:

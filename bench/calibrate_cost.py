@@ -1,7 +1,7 @@
-"""Calibrate policy `cost` (arbiter/cost.py): write arbiter/cost_table.yaml.
+"""Calibrate policy `cost` (arbiter/plan/cost.py): write arbiter/plan/cost_table.yaml.
 
     .venv/bin/python bench/calibrate_cost.py [--backends eager onnxruntime inductor]
-                                             [--out arbiter/cost_table.yaml] [--rounds 30]
+                                             [--out arbiter/plan/cost_table.yaml] [--rounds 30]
 
 Per backend, four tiny ATen graphs are compiled with the backend's own ``compile`` (eager
 runs the graph in place) and timed, the minimum of ``--rounds`` rounds of an inner loop:
@@ -106,7 +106,7 @@ def boundary_us(name: str, rounds: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", nargs="*", default=None)
-    ap.add_argument("--out", default=str(Path(arbiter.__file__).parent / "cost_table.yaml"))
+    ap.add_argument("--out", default=str(Path(arbiter.__file__).parent / "plan" / "cost_table.yaml"))
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     cores = os.cpu_count() or 1
     state = "quiet" if load < cores else "busy: noisy numbers"
     lines = [
-        "# Per-backend constants of policy `cost` (arbiter/cost.py).",
+        "# Per-backend constants of policy `cost` (arbiter/plan/cost.py).",
         f"# Written by: python bench/calibrate_cost.py --rounds {args.rounds}",
         f"# on {datetime.date.today()}, torch {torch.__version__}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} threads, load average {load:.2f} ({state}).",

@@ -1,4 +1,4 @@
-"""What the frozen-weights guard (arbiter/freeze.py) costs per call, and what freezing buys.
+"""What the frozen-weights guard (arbiter/run/freeze.py) costs per call, and what freezing buys.
 
 For each model, compiled under the default config (inference, ``torch.no_grad``):
 
@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import arbiter  # noqa: E402
-from arbiter import examples  # noqa: E402
-from arbiter.freeze import WeightGuard  # noqa: E402
+from arbiter.cli import examples  # noqa: E402
+from arbiter.run.freeze import WeightGuard  # noqa: E402
 
 
 def per_call_s(fn, target_s: float) -> float:

@@ -4,7 +4,7 @@ Uses partition_scaling.py's synthetic graphs (3 backends; in each block of 50 no
 pinned to inductor and 1 runs only in eager). For each size: plan once, then time
 (median of --repeats, wall clock):
 
-* build: the report's graph record from the plan (``arbiter.arbiter._graph_report``: per-op
+* build: the report's graph record from the plan (``arbiter.report.build.graph_report``: per-op
   table, coverage, boundaries with bytes, the node list for drawing)
 * advice: replanning for min_block_size 1..8 and for the ops on the fallback
 * json: ``model_dump_json``; text: the rich tables (100 columns); html: ``render_html``
@@ -30,13 +30,15 @@ import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import arbiter  # noqa: E402
-from arbiter.arbiter import _graph_report, _GraphRecord  # noqa: E402
+from arbiter.plan.policy import PolicyOutcome  # noqa: E402
+from arbiter.report.build import graph_report  # noqa: E402
+from arbiter.run.record import GraphRecord  # noqa: E402
 from arbiter.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR  # noqa: E402
 from arbiter.report import Report  # noqa: E402
-from arbiter.report_advice import advise  # noqa: E402
-from arbiter.report_html import render_html  # noqa: E402
-from arbiter.report_text import render  # noqa: E402
-from arbiter.runtime import PieceRecord  # noqa: E402
+from arbiter.report.advice import advise  # noqa: E402
+from arbiter.report.html import render_html  # noqa: E402
+from arbiter.report.text import render  # noqa: E402
+from arbiter.run.piece import PieceRecord  # noqa: E402
 from partition_scaling import CONFIG, _Light, build_graph  # noqa: E402
 
 
@@ -64,9 +66,9 @@ def main() -> None:
         be = arbiter.Arbiter(CONFIG, dry_run=True)
         plan = be.plan(_Light(build_graph(n, fake)))
         records = {p.id: PieceRecord(p.id, p.backend, [p.backend]) for p in plan.partitions}
-        rec = _GraphRecord(0, "inference", plan, records, 0, 0.0)
-        t_build, g = median_time(lambda: _graph_report(rec, be.backends), args.repeats)
-        t_adv, tips = median_time(lambda: advise([plan], be.table, CONFIG["min_block_size"],
+        rec = GraphRecord(0, "inference", plan, records, PolicyOutcome(), 0.0)
+        t_build, g = median_time(lambda: graph_report(rec, be.backends), args.repeats)
+        t_adv, tips = median_time(lambda: advise([plan], be.planner.table, CONFIG["min_block_size"],
                                                  (MUTATES, NOT_ATEN, RANDOM, SCALAR)),
                                   args.repeats)
         rep = Report(dry_run=True, graphs=[g], advice=tips)

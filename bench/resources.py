@@ -130,7 +130,7 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
     started("import onnxruntime")
 
     import arbiter
-    from arbiter.runtime import Piece
+    from arbiter.run.piece import Piece
     started("import arbiter")
 
     torch.manual_seed(0)

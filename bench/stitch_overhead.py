@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.fx  # noqa: E402
 
 import arbiter  # noqa: E402
-from arbiter.runtime import Piece  # noqa: E402
+from arbiter.run.piece import Piece  # noqa: E402
 
 def config(ort_threads: int) -> dict:
     return {"backends": [{"name": "onnxruntime",
@@ -130,7 +130,7 @@ def build(k: int, ort_threads: int):
     torch.testing.assert_close(got, model(x))
     assert len(stitched) == 1, len(stitched)
     gm = stitched[0]
-    graph = be._graphs[0]
+    graph = be.graphs[0]
     backends = [p.backend for p in graph.plan.partitions]
     assert backends.count("onnxruntime") == k, backends
     for rec in graph.records.values():

@@ -3,7 +3,7 @@
     .venv/bin/python bench/zoo.py                                  # the full zoo (~35 min on 2 cores)
     .venv/bin/python bench/zoo.py --models mlp t5_small_encoder --rounds 3   # a smoke run
 
-Models come from ``arbiter.examples.ZOO`` (transformers configs, seeded random weights, so
+Models come from ``arbiter.cli.examples.ZOO`` (transformers configs, seeded random weights, so
 every process builds the same model and inputs; eval mode, batch 1, float32). Contenders:
 
 * ``eager``; ``inductor`` (``torch.compile(backend="inductor")``);
@@ -110,7 +110,7 @@ def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_
         logging.getLogger(name).setLevel(logging.ERROR)
 
     torch.set_num_threads(threads)
-    from arbiter import examples
+    from arbiter.cli import examples
 
     try:
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import arbiter
 import arbiter.registry as registry_mod
-from arbiter.capability import is_getitem
+from arbiter.ops import is_getitem
 
 #: A config using two real backends and small partitions, for tiny graphs.
 TWO = {"backends": ["onnxruntime", "inductor"], "min_block_size": 1}

@@ -7,23 +7,10 @@ import pytest
 import torch
 
 import arbiter
-from arbiter import examples
+from arbiter.cli import examples
 from arbiter.capability import tensor_descs
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-class RecordingArbiter(arbiter.Arbiter):
-    """An Arbiter that keeps every plan it makes."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.plans = []
-
-    def plan(self, gm):
-        plan = super().plan(gm)
-        self.plans.append(plan)
-        return plan
 
 
 def _symbolic(node) -> bool:
@@ -35,7 +22,7 @@ def dynamic_run():
     torch._dynamo.reset()
     model, _ = examples.mlp()
     ref = copy.deepcopy(model)
-    be = RecordingArbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
     compiled = torch.compile(model, backend=be, dynamic=True)
     results = []
     for batch in (8, 5):
@@ -74,7 +61,7 @@ def test_one_graph_serves_both_batch_sizes(dynamic_run):
 def test_symbolic_nodes_stay_off_static_backends(dynamic_run):
     be, *_ = dynamic_run
     symbolic_nodes = 0
-    for plan in be.plans:
+    for plan in [g.plan for g in be.graphs]:
         for part in plan.partitions:
             for node in part.nodes:
                 if node.op == "call_function" and _symbolic(node) and \

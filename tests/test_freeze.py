@@ -1,4 +1,4 @@
-"""Frozen weights are guarded (arbiter/freeze.py): every call of a compiled model uses the
+"""Frozen weights are guarded (arbiter/run/freeze.py): every call of a compiled model uses the
 weights the model holds at that call, whatever happened to them since the compile.
 
 Each case runs under the default config and under `cpu_all` (OpenVINO, ONNX Runtime,
@@ -72,7 +72,7 @@ def test_instances_of_one_architecture(config, fresh_dynamo, caplog):
     graph inputs): each instance must still get its own weights."""
     be = _arbiter(config)
     x = torch.randn(2, 16)
-    with caplog.at_level(logging.WARNING, logger="arbiter.freeze"):
+    with caplog.at_level(logging.WARNING, logger="arbiter.run.freeze"):
         for seed in (1, 2, 3):
             m = _mlp(seed)
             _same(torch.compile(m, backend=be), m, x)

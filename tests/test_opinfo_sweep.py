@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.utils import _pytree as pytree
 
 import arbiter
-from arbiter.probe import _nondeterministic, _pick_sample, opinfos, sample_fn
-from arbiter.verify import compare
+from arbiter.probe.opinfo import _nondeterministic, _pick_sample, opinfos, sample_fn
+from arbiter.run.verify import compare
 
 #: OpInfos for the CI sweep: elementwise, reductions, matmuls, normalizations, shape
 #: ops, indexing, comparisons; 2-4 s each on a loaded 2-core machine.

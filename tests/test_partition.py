@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arbiter
-from arbiter.partition import Plan
+from arbiter.plan.partition import Plan
 
 from conftest import TWO, check_plan_invariants, run_in_plan_order, trace
 

@@ -1,4 +1,4 @@
-"""Policies `measure` and `cost` (arbiter/policy.py, arbiter/measure.py, arbiter/cost.py).
+"""Policies `measure` and `cost` (arbiter/plan/policy.py, arbiter/run/measured.py, arbiter/plan/cost.py).
 
 The backends here are test backends whose speed is set by the test (one sleeps in every
 call), so the assertions are about behaviour: which candidates exist, which were timed,
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import arbiter
-from arbiter.cost import load_table, node_work, plan_ms
-from arbiter.policy import candidates, choose_by_cost
+from arbiter.plan.cost import load_table, node_work, plan_ms
+from arbiter.plan.policy import candidates, choose_by_cost
 
 from conftest import check_plan_invariants, trace, write_manifest
 
@@ -46,15 +46,15 @@ def slow_fast(make_backend):
     return slow, fast
 
 
-def _plan(be):
-    (g,) = be._graphs
-    return g.plan
+def _graph(be):
+    (g,) = be.graphs
+    return g
 
 
 def test_every_single_backend_placement_is_a_candidate(slow_fast):
     be = arbiter.Arbiter({"backends": ["slow", "fast"], "min_block_size": 1})
     gm = trace(f, torch.randn(4, 8))
-    cands = candidates(be, gm)
+    cands = candidates(be.planner, gm)
     labels = [lab for c in cands for lab in c.labels]
     assert labels[0] == "priority"
     assert {"only slow", "only fast", "only eager"} <= set(labels)
@@ -70,16 +70,17 @@ def test_measure_chooses_the_fastest_measured(slow_fast, tmp_path, fresh_dynamo)
     x = torch.randn(4, 8)
     out = torch.compile(f, backend=be)(x)
     torch.testing.assert_close(out, f(x))
-    plan = _plan(be)
-    assert plan.policy == "measure"
-    times = plan.candidates_ms
+    g = _graph(be)
+    plan, out = g.plan, g.outcome
+    assert out.policy == "measure"
+    times = out.candidates_ms
     # priority == only slow (config order): measured; only fast: measured
     assert set(times) == {"priority", "only slow", "only fast", "only eager"}
     assert all(v is not None for v in times.values()), times
-    assert times[plan.chosen] == min(times.values())
+    assert times[out.chosen] == min(times.values())
     assert times["only slow"] >= SLOW_S * 1e3
-    assert plan.chosen in ("only fast", "only eager")  # both beat a 4 ms sleep
-    chosen_backend = plan.chosen.removeprefix("only ")
+    assert out.chosen in ("only fast", "only eager")  # both beat a 4 ms sleep
+    chosen_backend = out.chosen.removeprefix("only ")
     assert {p.backend for p in plan.partitions} == {chosen_backend}
     # the report shows the chosen plan and what it measured
     part = be.report(advice=False).graphs[0].partitions[0]
@@ -97,14 +98,14 @@ def test_pieces_are_shared_between_candidates_and_the_final_plan(slow_fast, tmp_
     fn(x)
     # one compile per backend: the winner's piece was compiled while measuring
     assert len(fast.compiled) == 1 and len(slow.compiled) == 1
-    assert _plan(be).chosen != "only slow"
+    assert _graph(be).outcome.chosen != "only slow"
 
 
 def test_budget_leaves_the_rest_to_the_cost_estimate(slow_fast, tmp_path, fresh_dynamo):
     be = arbiter.Arbiter(_config(tmp_path, time_budget_s=1e-6))
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
-    times = _plan(be).candidates_ms
+    times = _graph(be).outcome.candidates_ms
     assert times["priority"] is not None  # priority is always measured
     assert times["only fast"] is None  # budget spent before it started
     assert len(slow_fast[1].compiled) <= 1  # compiled only if chosen
@@ -117,7 +118,7 @@ def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fre
     # the 3% margin is noise (the refined choice's replay is tested below)
     be = arbiter.Arbiter(_config(tmp_path, refine=False))
     torch.compile(f, backend=be)(x)
-    chosen = _plan(be).chosen
+    chosen = _graph(be).outcome.chosen
     assert chosen in ("only fast", "only eager")
     torch._dynamo.reset()
     slow.compiled.clear()
@@ -125,7 +126,7 @@ def test_decision_comes_from_the_cache_in_a_new_arbiter(slow_fast, tmp_path, fre
     be2 = arbiter.Arbiter(_config(tmp_path, refine=False))
     out = torch.compile(f, backend=be2)(x)
     torch.testing.assert_close(out, f(x))
-    assert _plan(be2).chosen == chosen
+    assert _graph(be2).outcome.chosen == chosen
     assert slow.compiled == []  # nothing was timed again
     assert len(fast.compiled) == (1 if chosen == "only fast" else 0)
     assert be2.cache.hits >= 1
@@ -167,10 +168,11 @@ def test_policy_cost_picks_the_lowest_estimate(slow_fast, fresh_dynamo):
     be = arbiter.Arbiter({"backends": ["slow", "fast"], "policy": "cost", "min_block_size": 1})
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
-    plan = _plan(be)
-    assert plan.policy == "cost"
-    assert plan.estimates_ms[plan.chosen] == min(plan.estimates_ms.values())
-    assert all(v is None for v in plan.candidates_ms.values())  # nothing was timed
+    g = _graph(be)
+    out = g.outcome
+    assert out.policy == "cost"
+    assert out.estimates_ms[out.chosen] == min(out.estimates_ms.values())
+    assert all(v is None for v in out.candidates_ms.values())  # nothing was timed
 
 
 def test_cost_model_counts_flops_bytes_and_boundaries():
@@ -188,7 +190,7 @@ def test_cost_model_counts_flops_bytes_and_boundaries():
 
 def test_choose_by_cost_breaks_ties_by_order(slow_fast):
     be = arbiter.Arbiter({"backends": ["slow", "fast"], "min_block_size": 1})
-    cands = candidates(be, trace(f, torch.randn(4, 8)))
+    cands = candidates(be.planner, trace(f, torch.randn(4, 8)))
     for c in cands:
         c.estimate_ms = 1.0
     assert choose_by_cost(cands) is cands[0]
@@ -209,17 +211,18 @@ def _synthetic_time(self, cand, args, start, per_part):
 
 def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
         slow_fast, tmp_path, monkeypatch, fresh_dynamo):
-    from arbiter.measure import MeasuredGraph
+    from arbiter.run.measured import MeasuredGraph
 
     x = torch.randn(4, 8)
     with monkeypatch.context() as m:
         m.setattr(MeasuredGraph, "_time", _synthetic_time)
         be = arbiter.Arbiter(_config(tmp_path))
         torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
-    plan = _plan(be)
-    assert plan.chosen.startswith("refine:") and "aten.mul.Tensor" in plan.chosen
-    assert plan.candidates_ms[plan.chosen] == 4.0  # vs 8 for the best single backend
-    assert plan.candidates_ms["only slow"] == 8.0
+    g = _graph(be)
+    plan, out = g.plan, g.outcome
+    assert out.chosen.startswith("refine:") and "aten.mul.Tensor" in out.chosen
+    assert out.candidates_ms[out.chosen] == 4.0  # vs 8 for the best single backend
+    assert out.candidates_ms["only slow"] == 8.0
     placed = {n.name: p.backend for p in plan.partitions for n in p.nodes}
     assert placed == {"mul": "fast", "add": "slow", "relu": "slow", "add_1": "slow"}
     check_plan_invariants(plan, plan.graph_module)
@@ -227,27 +230,29 @@ def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
     torch._dynamo.reset()
     be2 = arbiter.Arbiter(_config(tmp_path))
     torch.testing.assert_close(torch.compile(f, backend=be2)(x), f(x))
-    plan2 = _plan(be2)
-    assert plan2.chosen == plan.chosen
+    g2 = _graph(be2)
+    plan2, out2 = g2.plan, g2.outcome
+    assert out2.chosen == out.chosen
     assert {n.name: p.backend for p in plan2.partitions for n in p.nodes} == placed
 
 
 def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkeypatch,
                                                      fresh_dynamo):
-    from arbiter.measure import MeasuredGraph
+    from arbiter.run.measured import MeasuredGraph
 
     monkeypatch.setattr(MeasuredGraph, "_time", _synthetic_time)
     be = arbiter.Arbiter(_config(tmp_path, refine=False))
     torch.compile(f, backend=be)(torch.randn(4, 8))
-    plan = _plan(be)
-    assert plan.chosen == "priority"  # == only slow, the best single backend (8)
-    assert not any(k.startswith("refine") for k in plan.candidates_ms)
+    g = _graph(be)
+    out = g.outcome
+    assert out.chosen == "priority"  # == only slow, the best single backend (8)
+    assert not any(k.startswith("refine") for k in out.candidates_ms)
 
 
 def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fresh_dynamo):
     """A move whose first timing is lucky is timed again with the best so far, and kept
     only if it wins again (measure.MeasuredGraph._beats)."""
-    from arbiter.measure import MeasuredGraph
+    from arbiter.run.measured import MeasuredGraph
 
     timed: list[str] = []
 
@@ -261,11 +266,12 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
     be = arbiter.Arbiter(_config(tmp_path))
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
-    plan = _plan(be)
+    g = _graph(be)
+    out = g.outcome
     refined = {lab for lab in timed if lab.startswith("refine:")}
     assert len(refined) > 1, timed
     assert all(timed.count(lab) >= 2 for lab in refined), timed  # all were re-timed
     # kept: only the move that wins on its true cost (mul to fast: 4 against 8); with one
     # timing, the first move tried would have been kept at 0.5 ms
-    assert plan.chosen.startswith("refine:") and "aten.mul.Tensor" in plan.chosen
-    assert plan.candidates_ms[plan.chosen] == 4.0
+    assert out.chosen.startswith("refine:") and "aten.mul.Tensor" in out.chosen
+    assert out.candidates_ms[out.chosen] == 4.0

@@ -283,7 +283,7 @@ def _total_weight_wrong(self, gm, example_inputs):
 
 
 def test_expose_outputs_adds_the_unreturned_outputs():
-    from arbiter.probe import expose_outputs
+    from arbiter.probe.opinfo import expose_outputs
     from conftest import trace
 
     x, y = torch.randn(8, 4), torch.randint(0, 4, (8,))

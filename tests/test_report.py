@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import arbiter
-from arbiter import examples
+from arbiter.cli import examples
 from arbiter.report import Report
-from arbiter.report_html import render_html
-from arbiter.report_schema import SCHEMA_PATH, schema, schema_text
-from arbiter.report_text import render
+from arbiter.report.html import render_html
+from arbiter.report.schema import SCHEMA_PATH, schema, schema_text
+from arbiter.report.text import render
 
 from conftest import trace
 
@@ -45,7 +45,7 @@ def test_ops_coverage_and_placement(split_report):
     ops = {o.op: o for o in g.ops}
     assert sum(o.nodes for o in g.ops) == g.nodes
     bmm = ops["aten.bmm.default"]
-    assert bmm.nodes == 2 and bmm.placed == {"eager (planned)": 2} and bmm.able == ["eager"]
+    assert bmm.nodes == 2 and bmm.planned == {"eager": 2} and not bmm.placed and bmm.able == ["eager"]
     assert bmm.refused["onnxruntime"] == "excluded by the config's exclude_ops"
     addmm = ops["aten.addmm.default"]
     assert addmm.able == ["onnxruntime", "inductor", "eager"]
@@ -54,8 +54,8 @@ def test_ops_coverage_and_placement(split_report):
     excluded = ops["aten.bmm.default"].nodes + ops["aten.gelu.default"].nodes
     assert g.coverage["eager"] == 100.0
     assert g.coverage["onnxruntime"] == round(100 * (g.nodes - excluded) / g.nodes, 1)
-    # a dry run's placement is the plan, labelled as such
-    assert g.placement == {"eager (planned)": excluded, "onnxruntime (planned)": g.nodes - excluded}
+    # a dry run's placement is the plan, kept apart from what runs
+    assert g.planned == {"eager": excluded, "onnxruntime": g.nodes - excluded} and not g.placement
     assert split_report.summary() == ("1 graph(s), 7 partition(s); planned: onnxruntime 94%, "
                                       "eager 6%; fallbacks: 0; graph breaks: 0")
 
@@ -157,7 +157,7 @@ def test_versions_config_and_round_trip(split_report):
 def test_published_schema_is_in_sync_and_validates(split_report):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) missing")
     assert SCHEMA_PATH.read_text() == schema_text(), \
-        "docs/report.schema.json is stale: run python -m arbiter.report_schema --write"
+        "docs/report.schema.json is stale: run python -m arbiter.report.schema --write"
     jsonschema.validate(json.loads(split_report.model_dump_json()), schema())
     jsonschema.validate([json.loads(split_report.model_dump_json())] * 2, schema())
     with pytest.raises(jsonschema.ValidationError):
@@ -175,15 +175,16 @@ def test_text_fits_100_columns(split_report):
 
 def test_partition_api_report_of_plain_graph():
     # the per-op records come from the plan alone: any ATen graph works
-    from arbiter.report_build import op_reports
+    from arbiter.report.build import op_reports
     from arbiter.registry import get_backend_class
 
     gm = trace(f, torch.randn(4, 4))
     plan = arbiter.partition(gm, {"backends": ["onnxruntime"], "min_block_size": 1})
     backends = {n: get_backend_class(n)() for n in ("onnxruntime", "eager")}
     ops = op_reports(plan, backends)
-    planned = {"onnxruntime (planned)": 1}  # nothing ran: the plan, labelled so
-    assert [(o.op, o.nodes, o.placed) for o in ops] == [
+    planned = {"onnxruntime": 1}  # nothing ran: the plan, kept apart from what ran
+    assert all(not o.placed for o in ops)
+    assert [(o.op, o.nodes, o.planned) for o in ops] == [
         ("aten.add.Tensor", 1, planned), ("aten.mul.Tensor", 1, planned),
         ("aten.relu.default", 1, planned)]
 

@@ -9,7 +9,7 @@ import torch
 
 from arbiter.cli import main
 from arbiter.report import Report
-from arbiter.report_schema import schema
+from arbiter.report.schema import schema
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) missing")
 
@@ -55,7 +55,7 @@ def test_dry_run_each_builtin(model, tmp_path, capsys):
     jsonschema.validate(data, schema())
     rep = Report.model_validate(data)
     assert rep.dry_run and rep.model == model and rep.graphs
-    assert all(p.backend == "(not compiled yet)" and p.compile_s == 0
+    assert all(not p.compiled and p.backend is None and p.compile_s == 0
                for g in rep.graphs for p in g.partitions)
     parts = sum(len(g.partitions) for g in rep.graphs)
     assert page.read_text().count('class="partition-box"') == parts

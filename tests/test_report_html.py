@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import arbiter
-from arbiter import examples
-from arbiter.report_html import COLLAPSE_OVER, render_html
+from arbiter.cli import examples
+from arbiter.report.html import COLLAPSE_OVER, render_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed "
@@ -120,7 +120,7 @@ def test_large_graph_starts_collapsed_and_stays_light():
     for k in range(40):
         names = [f"n{k}_{i}" for i in range(50)]
         parts.append(PartitionReport(id=k, planned_backend="a" if k % 2 else "b",
-                                     backend="a" if k % 2 else "b", nodes=50,
+                                     compiled=True, backend="a" if k % 2 else "b", nodes=50,
                                      ops={"aten.add.Tensor": 50}, node_names=names, chain=["a"]))
         prev = nodes[-1].name if nodes else "input:x"
         for name in names:

@@ -1,4 +1,4 @@
-"""arbiter/resources.py and the backends' configure_resources: one thread budget, one
+"""arbiter/run/resources.py and the backends' configure_resources: one thread budget, one
 arena, outputs written in place, the settings in force in the report.
 
 Thread pools and arenas are process-wide and cannot be undone, so every check of them
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import arbiter
-from arbiter import resources
+from arbiter.run import resources
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
 onnx = pytest.importorskip("onnx", reason="onnx is not installed")
@@ -100,7 +100,7 @@ def test_without_the_spin_ort_sessions_get_the_budget_with_spinning_off():
 
 def test_spin_auto_goes_to_the_first_backend():
     from arbiter.config import ResourcesOptions
-    from arbiter.resources import resolve
+    from arbiter.run.resources import resolve
 
     assert resolve(ResourcesOptions(), "onnxruntime").spin == "onnxruntime"
     assert resolve(ResourcesOptions(spin="none"), "onnxruntime").spin == "none"
@@ -196,7 +196,7 @@ def test_outputs_are_written_into_the_buffers_torch_allocated(monkeypatch):
 
 
 def test_non_contiguous_inputs_are_the_copies_counted():
-    from arbiter.runtime import PieceRecord
+    from arbiter.run.piece import PieceRecord
 
     runner = _ort_runner()
     rec = PieceRecord(0, "onnxruntime", ["onnxruntime", "eager"])

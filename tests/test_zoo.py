@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbiter import examples
+from arbiter.cli import examples
 
 ROOT = Path(__file__).resolve().parents[1]
 

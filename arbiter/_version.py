@@ -1,0 +1,2 @@
+"""The one version number (pyproject.toml reads it)."""
+__version__ = "0.1.0"

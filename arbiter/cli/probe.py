@@ -1,0 +1,68 @@
+"""`arbiter probe BACKEND`: run PyTorch's OpInfo samples through one backend alone and
+through eager; print what passed and failed; with --write, mark the manifest's entries
+that passed `verified: probed` (`probed_dtypes:` the dtypes that passed), drop from each
+op's `dtypes:` those tried and never passed (untried ones stay, as declared), and drop
+the ops whose samples alone failed in every dtype they allowed
+(arbiter.probe.update.manifest_update).
+
+Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
+--limit-s stops after that many seconds, leaving the rest `declared`.
+"""
+from __future__ import annotations
+
+import json
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("backend", help="a registered backend (`arbiter backends`)")
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                        help="only these OpInfos (e.g. add, nn.functional.gelu) or ATen "
+                             "ops (aten.add, aten.gelu.default)")
+    parser.add_argument("--dtypes", default=None,
+                        help="comma-separated dtypes to try (default float32,int64,bool,float16)")
+    parser.add_argument("--limit-s", type=float, default=None,
+                        help="stop starting new OpInfos after this many seconds")
+    parser.add_argument("--write", action="store_true",
+                        help="update capabilities/<backend>.yaml: what passed, the dtypes "
+                             "that failed, the ops that failed")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="with --write: write the updated manifest here instead")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write every sample's result as JSON")
+
+
+def run(args) -> int:
+    from dataclasses import asdict
+
+    from ..errors import ArbiterError, require_known
+    from ..manifest import DTYPES
+    from ..probe.opinfo import DEFAULT_DTYPES, probe, stderr_progress, summarize_failures
+    from ..probe.update import write_manifest
+    from ..registry import get_backend_class
+
+    cls = get_backend_class(args.backend)
+    backend = cls()
+    ok, why = backend.available()
+    if not ok:
+        raise ArbiterError(f"backend {args.backend!r} is unavailable: {why}")
+    if backend.inline_aten:
+        raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
+    dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
+    try:
+        require_known("dtype", dtypes, DTYPES)
+    except ValueError as exc:
+        raise ArbiterError(f"--dtypes: {exc}") from None
+    result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
+                   progress=stderr_progress())
+    print(result.summary())
+    for line in summarize_failures(result.samples):
+        print("  failed:", line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": result.summary(), "counts": result.counts(),
+                       "samples": [asdict(s) for s in result.samples]}, f, indent=1)
+    if args.write:
+        path = cls.manifest_path()
+        text = write_manifest(path, result, out=args.out)
+        print(f"wrote {args.out or path} ({len(text.splitlines())} lines)")
+    return 0

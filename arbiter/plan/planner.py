@@ -1,0 +1,86 @@
+"""One config's planning facts: what policies read instead of the ``Arbiter``.
+
+A ``Planner`` holds the chain of backends (config order, eager last), the ones that are
+unavailable and why, the capability table, and the knobs that shape a plan
+(``min_block_size``; ``exclude_ops`` and ``pin`` live in the table). It plans a graph,
+gives a partition its fallback chain, and says what besides the graph decides a measured
+choice (the decision cache's key).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import torch.fx
+
+from ..capability import CapabilityTable
+from ..ops import is_getitem
+from ..registry import Backend
+from .partition import Partition, Plan, partition_graph
+
+
+class Planner:
+    def __init__(self, backends: Mapping[str, Backend], unavailable: Mapping[str, str], *,
+                 exclude_ops: Sequence[str] = (), pin: Optional[Mapping[str, str]] = None,
+                 min_block_size: int = 1, decision_config: Optional[dict] = None):
+        self.backends: dict[str, Backend] = dict(backends)  # config order, eager last
+        self.unavailable: dict[str, str] = dict(unavailable)
+        self.exclude_ops = list(exclude_ops)
+        self.pin = dict(pin or {})
+        self.min_block_size = min_block_size
+        self._decision_config = dict(decision_config or {})
+        self.table = self.table_for(list(self.backends.values()))
+        self.fallback_name = self.table.fallback_name
+
+    def table_for(self, backends: Sequence[Backend]) -> CapabilityTable:
+        """A capability table over ``backends`` (the last takes everything) with this
+        config's excludes, pins and unavailable backends."""
+        return CapabilityTable(backends, exclude_ops=self.exclude_ops, pin=self.pin,
+                               unavailable=self.unavailable)
+
+    @property
+    def inline(self) -> set[str]:
+        """Backends whose partitions run in place (eager): no call, no boundary."""
+        return {n for n, b in self.backends.items() if b.inline_aten}
+
+    def plan(self, gm: torch.fx.GraphModule, table: Any = None) -> Plan:
+        """The plan of ``gm`` (nodes need ``meta["val"]``) under ``table`` (default: the
+        config's, in priority order)."""
+        return partition_graph(gm, table if table is not None else self.table,
+                               self.min_block_size)
+
+    def chain_for(self, plan: Plan, part: Partition) -> list[Backend]:
+        """The planned backend, then every later backend able to run all its nodes."""
+        names = list(self.backends)
+        chain = [self.backends[part.backend]]
+        for name in names[names.index(part.backend) + 1:]:
+            backend = self.backends[name]
+            if backend.inline_aten or all(
+                    name in plan.support[n].candidates for n in part.nodes if not is_getitem(n)):
+                chain.append(backend)
+        return chain
+
+    def decision_parts(self) -> dict:
+        """What besides the graph decides a measured choice: part of its cache key."""
+        live = {n: b for n, b in self.backends.items() if n not in self.unavailable}
+        # the manifests decide which placements exist: a decision measured before a
+        # manifest changed (a re-probe, a hand edit) is measured again
+        return {"policy": "measure", "config": self._decision_config,
+                "versions": {n: safe_version(b) for n, b in live.items()},
+                "manifests": {n: manifest_digest(b) for n, b in live.items()}}
+
+
+def safe_version(backend: Backend) -> Optional[str]:
+    try:
+        return backend.version()
+    except Exception:  # noqa: BLE001 - a version probe must not break a report
+        return None
+
+
+def manifest_digest(backend: Backend) -> Optional[str]:
+    """A short digest of the backend's manifest (what it declares it can run)."""
+    try:
+        return hashlib.sha256(backend.manifest().model_dump_json().encode()).hexdigest()[:16]
+    except Exception:  # noqa: BLE001 - an unreadable manifest fails planning, not this
+        return None

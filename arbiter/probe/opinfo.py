@@ -1,0 +1,449 @@
+"""Probing a backend with PyTorch's OpInfo samples, to verify its manifest.
+
+For each OpInfo (``torch.testing._internal.common_methods_invocations.op_db``) and each
+dtype to try, one sample is traced with ``make_fx`` to an ATen graph (tensor arguments
+become graph inputs; the backend's manifest decompositions applied, as the planner
+would), compiled by the backend alone (``backend.compile``, no fallback, so failures are
+visible) and run; its outputs are checked against the graph's traced metadata and
+against eager ATen on the same inputs (``arbiter.run.verify``, per-dtype tolerances).
+
+Blame and credit, per ATen overload:
+* a sample that passes credits every op of its graph with the dtypes of the tensors each
+  op read and wrote there;
+* a sample that fails marks every op of its graph as tried and not passed in the dtypes
+  its tensors had there (``ProbeResult.failed_dtypes``), but blames the op as a whole only
+  when its graph has a single op (a graph of several ops says nothing about which one
+  failed);
+* a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
+  (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
+  in-place or random op, or a node a validator of the backend refuses (arbiter never
+  hands those to it), or when every (op, dtype) in it has already passed;
+* a sample that passed runs again with every output of its tuple-returning ops returned
+  (``expose_outputs``: what a backward graph reads, such as ``total_weight``), each
+  compared with eager on its own (``probe_unreturned``): a wrong one becomes that op's
+  ``wrong_outputs`` in the sample's dtype (nodes of that dtype reading it are refused).
+
+``arbiter.probe.update.manifest_update`` turns the result into manifest entries
+(``manifest_dtypes`` is the rule): an op keeps the dtypes it allowed before the probe (its entry's ``dtypes:``, or the
+manifest's defaults) minus the dtypes tried in a failed sample and passed in none, plus the
+dtypes that passed; an op with a passing sample becomes ``verified: probed`` with
+``probed_dtypes:`` the dtypes that passed. A dtype no sample tried stays allowed, as
+declared. The rule is conservative in one direction only: a failed sample of several ops
+drops the dtype for each of its ops that did not pass it elsewhere, although one op alone
+may have failed. An op that passed none and whose samples alone failed in every dtype it
+allowed is removed (listed with the reason under ``probe.failed``); one that failed alone
+only in the dtypes tried keeps the untried ones. Dropped dtypes are listed under
+``probe.dtypes_dropped``. Samples are chosen one per (OpInfo, dtype) because compiling is
+the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from ..capability import tensor_descs
+from ..errors import ArbiterError, describe
+from ..manifest import DTYPES
+from ..ops import is_getitem, is_mutating, is_random, op_name, packet_name
+from ..registry import Backend
+from ..run.lower import decomposition_table
+from ..run.verify import check_meta, compare, dtype_name, output_specs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DTYPES = ("float32", "int64", "bool", "float16")
+
+
+@dataclass
+class SampleResult:
+    opinfo: str
+    dtype: str
+    ops: list[str]
+    status: str  # passed | failed | skipped
+    stage: str = ""  # trace | compile | run | meta | numbers | eager (why not passed)
+    reason: str = ""
+    max_error: Optional[float] = None
+
+
+@dataclass
+class ProbeResult:
+    backend: str
+    backend_version: str
+    torch_version: str
+    dtypes: list[str]
+    samples: list[SampleResult] = field(default_factory=list)
+    opinfos_done: int = 0
+    opinfos_total: int = 0
+    elapsed_s: float = 0.0
+    stopped_early: bool = False
+    passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))  # op -> dtypes
+    # op -> {sample dtype: reason}, from failed samples whose graph is that op alone
+    failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # op -> {dtype: reason}: dtypes its tensors had in a failed sample (any number of ops)
+    failed_dtypes: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # outputs of tuple-returning ops the sample does not return (expose_outputs), from
+    # samples whose own outputs passed: op -> {(index, sample dtype)} right, and
+    # op -> {index: {sample dtype: why}} wrong
+    outputs_passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    outputs_failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+
+    def wrong_outputs(self, op: str) -> dict[int, dict[str, str]]:
+        """{output index: {dtype: why}} of ``op`` that differed from eager in a sample."""
+        return {k: dict(v) for k, v in self.outputs_failed.get(op, {}).items()}
+
+    def record(self, sample: "SampleResult", credit: Iterable[tuple[str, str]]) -> None:
+        """Credit or blame for one run sample; ``credit``: the (op, dtype name) pairs of
+        the tensors each op of its graph read and wrote."""
+        if sample.status == "passed":
+            for op, dt in credit:
+                self.passed[op].add(dt)
+        elif sample.status == "failed":
+            why = f"{sample.stage}: {sample.reason}"
+            for op, dt in credit:
+                self.failed_dtypes[op].setdefault(dt, why)
+            if len(sample.ops) == 1:
+                self.failed[sample.ops[0]].setdefault(sample.dtype, why)
+
+    def dropped(self, op: str) -> dict[str, str]:
+        """{dtype: why} tried for ``op`` in a failed sample and passed by none."""
+        return {d: why for d, why in self.failed_dtypes.get(op, {}).items()
+                if d not in self.passed.get(op, ())}
+
+    def counts(self) -> dict[str, int]:
+        c = {"passed": 0, "failed": 0, "skipped": 0}
+        for s in self.samples:
+            c[s.status] += 1
+        return c
+
+    def summary(self) -> str:
+        c = self.counts()
+        failed_ops = [op for op in self.failed if op not in self.passed]
+        return (f"{self.backend}: {self.opinfos_done}/{self.opinfos_total} OpInfos, "
+                f"{c['passed'] + c['failed']} samples run ({c['passed']} passed, "
+                f"{c['failed']} failed, {c['skipped']} skipped) in {self.elapsed_s:.0f} s; "
+                f"{len(self.passed)} ops verified, {len(failed_ops)} ops failed every "
+                f"sample, {len(self.outputs_failed)} ops with wrong unreturned outputs"
+                f"{' (stopped at the time limit)' if self.stopped_early else ''}")
+
+
+def opinfos(names: Optional[Sequence[str]] = None) -> list:
+    """OpInfos of PyTorch's op_db, optionally only those matching ``names`` (an OpInfo
+    name such as ``nn.functional.gelu``, or an ATen op ``aten.gelu[.overload]``)."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except ImportError as exc:  # expecttest is what is usually missing
+        raise ArbiterError(f"cannot import PyTorch's OpInfo database ({exc}); install the "
+                           "test extra: pip install 'torch-arbiter[test]'") from None
+    if not names:
+        return list(op_db)
+    wanted = set()
+    for n in names:
+        wanted.add(n)
+        if n.startswith("aten."):
+            wanted.add(n.split(".")[1])
+    return [o for o in op_db if o.name in wanted or o.aten_name in wanted
+            or (o.name.rsplit(".", 1)[-1] in wanted and o.name.startswith("nn.functional"))]
+
+
+def _pick_sample(opinfo, dtype: torch.dtype):
+    """The first sample whose input has more than one element, else the first sample."""
+    torch.manual_seed(0)
+    first = None
+    for k, s in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
+        if first is None:
+            first = s
+        if isinstance(s.input, torch.Tensor) and s.input.numel() > 1:
+            return s
+        if k >= 8:
+            break
+    return first
+
+
+def sample_fn(opinfo, sample):
+    """(fn, real input tensors) for one OpInfo sample: ``fn(*tensors)`` calls the op with
+    the sample's other arguments and returns its tensor outputs as a tuple."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    tensors = [leaves[i].detach().clone() for i in idx]
+
+    def fn(*ts):
+        vals = list(leaves)
+        for i, t in zip(idx, ts):
+            vals[i] = t
+        inp, args, kwargs = pytree.tree_unflatten(vals, spec)
+        out = opinfo.op(inp, *args, **kwargs)
+        return tuple(o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor))
+
+    return fn, tensors
+
+
+def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
+    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    call, tensors = sample_fn(opinfo, sample)
+
+    def fn(*ts):
+        flat = call(*ts)
+        if not flat:
+            raise TypeError("the op returned no tensor")
+        return flat
+
+    gm = make_fx(fn, tracing_mode="fake", decomposition_table=decompositions or {})(*tensors)
+    return gm, tensors
+
+
+def expose_outputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int]]:
+    """Make ``gm`` also return every tensor output of its tuple-returning ops that it
+    does not return already (``total_weight`` of ``nll_loss_forward``, the statistics of
+    ``native_layer_norm``, SDPA's ``logsumexp``...): outputs a user never sees but a
+    backward graph reads. Returns (node, output index) per output added, in the order
+    they now follow the graph's own outputs."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    added = []
+    for n in list(gm.graph.nodes):
+        val = n.meta.get("val")
+        if n.op != "call_function" or not isinstance(val, (tuple, list)) \
+                or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        getitems = {u.args[1]: u for u in n.users if is_getitem(u)}
+        for k, v in enumerate(val):
+            if not isinstance(v, torch.Tensor):
+                continue
+            g = getitems.get(k)
+            if g is None:
+                with gm.graph.inserting_after(n):
+                    g = gm.graph.call_function(operator.getitem, (n, k))
+                g.meta["val"] = v
+            if g not in returned:
+                returned.append(g)
+                added.append((n, k))
+    out.args = (tuple(returned),)
+    gm.recompile()
+    return added
+
+
+def _graph_ops(gm: torch.fx.GraphModule) -> tuple[list[torch.fx.Node], Optional[str]]:
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr") or is_getitem(n):
+            continue
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            return [], f"non-ATen node {n.format_node()[:80]}"
+        if is_mutating(n):
+            return [], f"{op_name(n.target)} mutates its input (never handed to a backend)"
+        if is_random(n):
+            return [], f"{op_name(n.target)} is random (never handed to a backend)"
+        nodes.append(n)
+    if not nodes:
+        return [], "the graph has no ATen op"
+    return nodes, None
+
+
+def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                 tolerances: Optional[dict] = None) -> tuple[str, str, str, Optional[float]]:
+    """(status, stage, reason, max_error) for one traced sample through ``backend``."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    specs = output_specs(gm)
+    try:
+        expected = gm(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - eager itself failed: no reference
+        return "skipped", "eager", describe(exc), None
+    try:
+        with _disable_current_modes(), _quiet_warnings():
+            fn = backend.compile(gm, [t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
+        return "failed", "compile", describe(exc), None
+    try:
+        with _quiet_warnings():
+            got = fn(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001
+        return "failed", "run", describe(exc), None
+    if specs is not None:
+        why = check_meta(got, specs)
+        if why is not None:
+            return "failed", "meta", why, None
+    cmp = compare(list(expected), list(got), tolerances)
+    if not cmp.ok:
+        return "failed", "numbers", cmp.detail, cmp.max_error
+    return "passed", "", "", cmp.max_error
+
+
+def probe_unreturned(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                     tolerances: Optional[dict] = None) -> tuple[list, dict]:
+    """For a graph that passed ``probe_sample``: its ops' outputs it does not return
+    (``expose_outputs``, which changes ``gm``), each compared with eager on its own.
+    Returns (the (node, output index) pairs checked, {pair: why} for each wrong one).
+    A graph that fails to compile or run with them returned checks none: such a failure
+    is loud at run time too (the piece falls back), only wrong numbers are silent."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    added = expose_outputs(gm)
+    if not added:
+        return [], {}
+    first = len(output_specs(gm) or ()) - len(added)
+    try:
+        expected = list(gm(*[t.clone() for t in inputs]))[first:]
+        with _disable_current_modes(), _quiet_warnings():
+            fn = backend.compile(gm, [t.clone() for t in inputs])
+            got = list(fn(*[t.clone() for t in inputs]))[first:]
+    except Exception:  # noqa: BLE001 - not silent; see the docstring
+        log.debug("unreturned outputs: compile or run failed", exc_info=True)
+        return [], {}
+    wrong = {}
+    for a, e, g in zip(added, expected, got):
+        cmp = compare([e], [g], tolerances)
+        if not cmp.ok:
+            wrong[a] = re.sub(r"^output 0 \([^)]*\):? ?", "", cmp.detail)
+    return added, wrong
+
+
+@contextlib.contextmanager
+def _quiet_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
+          dtypes: Sequence[str] = DEFAULT_DTYPES, limit_s: Optional[float] = None,
+          progress: Optional[Callable[[ProbeResult, str], None]] = None,
+          tolerances: Optional[dict] = None) -> ProbeResult:
+    """Probe ``backend`` with OpInfo samples; see the module docstring."""
+    manifest = backend.manifest()
+    decomps = decomposition_table(manifest.decompositions)
+    result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
+                         list(dtypes))
+    infos = opinfos(ops)
+    result.opinfos_total = len(infos)
+    start = time.perf_counter()
+    for info in infos:
+        if limit_s is not None and time.perf_counter() - start > limit_s:
+            result.stopped_early = True
+            break
+        label = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+        supported = info.supported_dtypes("cpu")
+        try:
+            for dname in dtypes:
+                dtype = DTYPES[dname]
+                if dtype not in supported:
+                    continue
+                result.samples.append(_one(backend, manifest, info, label, dname, dtype,
+                                           decomps, result, tolerances))
+        except KeyboardInterrupt:  # Ctrl-C: stop, keep (and write) what is done
+            result.stopped_early = True
+            break
+        result.opinfos_done += 1
+        result.elapsed_s = time.perf_counter() - start
+        if progress is not None:
+            progress(result, label)
+    result.elapsed_s = time.perf_counter() - start
+    return result
+
+
+def _nondeterministic(info) -> bool:
+    """OpInfos whose outputs no comparison can judge (uninitialized memory, randomness),
+    by PyTorch's own flags on them."""
+    return bool(getattr(info, "has_nondeterministic_output", False)
+                or getattr(info, "skip_correctness_check_compile_vs_eager", False))
+
+
+def _one(backend, manifest, info, label, dname, dtype, decomps, result, tolerances) -> SampleResult:
+    if _nondeterministic(info):
+        return SampleResult(label, dname, [], "skipped", "nondeterministic",
+                            "outputs are uninitialized or random: nothing to compare")
+    try:
+        sample = _pick_sample(info, dtype)
+        if sample is None:
+            return SampleResult(label, dname, [], "skipped", "trace", "no sample")
+        gm, inputs = trace_sample(info, sample, decomps)
+    except Exception as exc:  # noqa: BLE001 - OpInfo samples some ops cannot trace
+        return SampleResult(label, dname, [], "skipped", "trace", describe(exc))
+    nodes, why = _graph_ops(gm)
+    if why is not None:
+        return SampleResult(label, dname, [], "skipped", "trace", why)
+    names = [op_name(n.target) for n in nodes]
+    missing = sorted({n for n in names if manifest.entry(n) is None})
+    if missing:
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "manifest",
+                            f"not in the manifest: {', '.join(missing[:5])}")
+    refused = _refused(backend, nodes)
+    if refused:
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "validator", refused)
+    memo: dict = {}
+    credit = {(op_name(n.target), dtype_name(d.dtype)) for n in nodes
+              for d in tensor_descs(n, memo)}
+    if all(dt in result.passed.get(op, ()) for op, dt in credit):
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "covered",
+                            "every (op, dtype) already passed")
+    status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
+    sample = SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
+    result.record(sample, credit)
+    if status != "passed":
+        return sample
+    added, wrong = probe_unreturned(backend, gm, inputs, tolerances)
+    for node, k in added:
+        op = op_name(node.target)
+        why = wrong.get((node, k))
+        if why is None:
+            result.outputs_passed[op].add((k, dname))
+            continue
+        result.outputs_failed[op].setdefault(k, {}).setdefault(
+            dname, f"differs from eager ({label}): {why}"[:200])
+        sample.reason += f"{'; ' if sample.reason else ''}unreturned output {k} of {op} wrong"
+    return sample
+
+
+def _refused(backend: Backend, nodes: Sequence[torch.fx.Node]) -> str:
+    """Why the backend's validators refuse a node of the sample ("" if none): arbiter
+    never hands such a node to it, so the sample says nothing about the backend."""
+    for n in nodes:
+        name = op_name(n.target)
+        check = backend.validators.get(name) or backend.validators.get(packet_name(name))
+        why = check(n) if check is not None else None
+        if why:
+            return f"{name}: {why}"
+    return ""
+
+
+def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:
+    """A progress callback printing ``done/total, samples, ETA`` to stderr."""
+    last = [0.0]
+
+    def show(result: ProbeResult, label: str) -> None:
+        now = time.perf_counter()
+        done, total = result.opinfos_done, result.opinfos_total
+        if now - last[0] < every_s and done != total:
+            return
+        last[0] = now
+        c = result.counts()
+        eta = result.elapsed_s / done * (total - done) if done else 0.0
+        print(f"[probe {result.backend}] {done}/{total} OpInfos ({label}); samples: "
+              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped; "
+              f"{result.elapsed_s:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+
+    return show
+
+
+def summarize_failures(samples: Iterable[SampleResult], limit: int = 20) -> list[str]:
+    out = []
+    for s in samples:
+        if s.status == "failed":
+            out.append(f"{s.opinfo} [{s.dtype}] {s.stage}: {s.reason[:160]}")
+    return out[:limit]

@@ -1,0 +1,144 @@
+"""A probe's findings written into a manifest: the rule for entries, dtypes and outputs.
+
+See ``arbiter.probe.opinfo`` for what a probe finds; here is what the manifest becomes:
+an op keeps the dtypes it allowed before minus those tried and never passed, plus those
+that passed (``manifest_dtypes``); an op that passed becomes ``verified: probed`` with
+``probed_dtypes``; an op whose samples alone failed in every dtype it allowed is removed;
+wrong unreturned outputs become ``wrong_outputs``; the ``probe:`` record adds up runs.
+"""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+
+from ..manifest import DTYPES, Defaults, parse_manifest
+from ..ops import packet_name
+from .opinfo import ProbeResult
+
+
+def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
+                    dropped: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(dtypes the entry allows, dtypes that passed) after a probe: what it allowed before
+    (``allowed``) minus ``dropped`` (tried, never passed), plus every dtype that passed
+    (``probed``: this probe's and earlier ones'). Dtypes a manifest cannot name are left
+    out; the order is manifest.DTYPES'."""
+    order = list(DTYPES)
+    probed = {d for d in probed if d in DTYPES}
+    keep = (set(allowed) - set(dropped)) | probed
+    return sorted(keep, key=order.index), sorted(probed, key=order.index)
+
+
+def manifest_update(doc: dict, result: ProbeResult) -> dict:
+    """A manifest document (as loaded from YAML) updated with a probe's findings (see the
+    module docstring). Applying the same result twice, or results of disjoint ``--ops``
+    runs one after the other, gives the same entries as applying them once: earlier
+    ``probed_dtypes`` count as passed, and dropped dtypes are no longer allowed."""
+    ops: dict = dict(doc.get("ops") or {})
+    defaults = Defaults.model_validate(doc.get("defaults") or {}).dtypes
+    # An op is removed only when no dtype it allowed is left: failing in the dtypes tried
+    # says nothing of the others (a float16-only probe once removed prod.dim_int, which
+    # float32 never tried). An op that passed, now or earlier, always keeps those dtypes.
+    removed: dict[str, str] = {}
+    dropped_now: dict[str, dict] = {}
+    for op in sorted(set(result.passed) | set(result.failed_dtypes)):
+        # an overload: a probe verifies overloads, not whole packets
+        key = op if op in ops else packet_name(op)
+        if key not in ops:  # only the wildcard "*" took it: nothing to narrow
+            continue
+        before = ops[key] or {}  # `op:` with no value in YAML is an entry of defaults
+        entry = dict(before)
+        passed = result.passed.get(op, set()) | set(entry.get("probed_dtypes") or ())
+        dropped = {d: why for d, why in result.dropped(op).items() if d not in passed}
+        allowed = defaults if entry.get("dtypes") is None else entry["dtypes"]
+        dtypes, probed = manifest_dtypes(allowed, passed, dropped)
+        if not dtypes and op in result.failed:  # failed alone in every dtype it allowed
+            dname, reason = next(iter(result.failed[op].items()))
+            removed[op] = f"{dname}: {reason}"[:300]
+            ops.pop(op, None)
+            continue
+        if "dtypes" in entry or set(dtypes) != set(defaults):
+            entry["dtypes"] = dtypes
+        if probed:
+            entry["verified"] = "probed"
+            entry["probed_dtypes"] = probed
+        # earlier findings stay unless this probe passed that output in that dtype
+        passed_outputs = result.outputs_passed.get(op, set())
+        wrong: dict = {}
+        for k, per in (entry.get("wrong_outputs") or {}).items():
+            per = {d: why for d, why in per.items() if (int(k), d) not in passed_outputs}
+            if per:
+                wrong[int(k)] = per
+        for k, per in result.wrong_outputs(op).items():
+            wrong.setdefault(k, {}).update(per)
+        wrong = {k: {d: wrong[k][d] for d in DTYPES if d in wrong[k]} for k in wrong}
+        if wrong:
+            entry["wrong_outputs"] = dict(sorted(wrong.items()))
+        else:
+            entry.pop("wrong_outputs", None)
+        dropped_now[op] = {d: why for d, why in dropped.items() if d in allowed}
+        if key == op or entry != before:
+            ops[op] = entry
+    out = dict(doc)
+    out["ops"] = dict(sorted(ops.items()))
+    c = result.counts()
+    # A later probe of other OpInfos (--ops) on the same versions adds to the record.
+    # The counts start again on other versions; why ops are missing or narrowed
+    # (`failed`, `dtypes_dropped`) stays as long as they are.
+    kept = prev = doc.get("probe") or {}
+    same = (prev.get("torch") == str(result.torch_version)
+            and prev.get("backend_version") == str(result.backend_version))
+    if not same:
+        prev = {}
+    opinfos_run = f"{result.opinfos_done}/{result.opinfos_total}"
+    out["probe"] = {
+        "date": datetime.date.today().isoformat(),
+        "torch": str(result.torch_version),
+        "backend_version": str(result.backend_version),
+        "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
+                               key=list(DTYPES).index),
+        "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,
+        "samples_passed": prev.get("samples_passed", 0) + c["passed"],
+        "samples_failed": prev.get("samples_failed", 0) + c["failed"],
+        "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
+        "failed": {op: why for op, why in sorted({**kept.get("failed", {}), **removed}.items())
+                   if op not in out["ops"]},  # one put back (by hand) and passed is not
+        "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
+                                         out["ops"]),
+    }
+    return out
+
+
+def _merge_dropped(prev: dict, new: dict, ops: dict) -> dict:
+    """op -> {dtype: why} over this probe and earlier ones, less what the op allows now
+    (a later probe passed it) and ops no longer in the manifest."""
+    merged: dict = {}
+    for op in sorted(set(prev) | set(new)):
+        if op not in ops:
+            continue
+        allowed = ops[op].get("dtypes")
+        per = {**prev.get(op, {}), **new.get(op, {})}
+        per = {d: why[:200] for d, why in per.items() if allowed is not None and d not in allowed}
+        if per:
+            merged[op] = dict(sorted(per.items(), key=lambda kv: list(DTYPES).index(kv[0])))
+    return merged
+
+
+def write_manifest(path, result: ProbeResult, out=None) -> str:
+    """Rewrite the manifest at ``path`` (or write to ``out``) with a probe's findings;
+    returns the new text."""
+    from pathlib import Path
+
+    import yaml
+
+
+    path = Path(path)
+    text = path.read_text()
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    doc = manifest_update(yaml.safe_load(text) or {}, result)
+    body = yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
+    new = header + body
+    parse_manifest(new, str(path), backend=result.backend)  # never write what cannot load
+    Path(out or path).write_text(new)
+    return new
+
+

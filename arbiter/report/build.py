@@ -1,0 +1,231 @@
+"""From a graph's record to its report: partitions, per-op, coverage, boundaries, nodes.
+
+Everything here reads the record (the plan, with its nodes' FakeTensor metadata and each
+node's ``NodeSupport``; the pieces' records; the policy's outcome) and the backends'
+manifests; nothing compiles or runs. ``graph_report`` is the entry point.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..ops import is_getitem, op_name, tensors_in
+from ..plan.partition import Partition, Plan
+from ..registry import Backend
+from ..run.record import GraphRecord
+from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
+                    RefusalReport, TensorReport, WeightEventReport)
+
+
+def _shape(t: torch.Tensor) -> list[Any]:
+    return [s if isinstance(s, int) else str(s) for s in t.shape]
+
+
+def tensor_reports(node: torch.fx.Node, source: str) -> list[TensorReport]:
+    """One record per tensor in ``node.meta["val"]`` (a tuple-producing node gives several)."""
+    out = []
+    for t in tensors_in(node.meta.get("val")):
+        shape = _shape(t)
+        size: Optional[int] = None
+        if all(isinstance(s, int) for s in shape):
+            size = t.element_size()
+            for s in shape:
+                size *= s
+        out.append(TensorReport(name=node.name, shape=shape,
+                                dtype=str(t.dtype).removeprefix("torch."), bytes=size,
+                                source=source))
+    return out
+
+
+def boundaries(part: Partition, constants: frozenset = frozenset()
+               ) -> tuple[list[TensorReport], list[TensorReport]]:
+    """What flows into ``part`` (in first-use order) and what it produces for others.
+
+    ``constants``: placeholders frozen as constants (baked into the partition: listed
+    with source `constant`, they cross no boundary at run time).
+
+    Inputs from a tuple producer in another partition arrive through its getitem nodes,
+    which live with the producer, so each tensor is counted once.
+    """
+    members = set(part.nodes)
+    seen: set[torch.fx.Node] = set()
+    inputs: list[TensorReport] = []
+    outputs: list[TensorReport] = []
+    for node in part.nodes:
+        for inp in node.all_input_nodes:
+            if inp in members or inp in seen or inp.op == "get_attr":
+                continue
+            seen.add(inp)
+            src = ("constant" if inp in constants else "graph input") \
+                if inp.op == "placeholder" else "partition"
+            inputs += tensor_reports(inp, src)
+        external = [u for u in node.users if u not in members]
+        if external and not (_is_tuple(node) and all(is_getitem(u) for u in node.users)):
+            src = "graph output" if all(u.op == "output" for u in external) else "partition"
+            outputs += tensor_reports(node, src)
+    return inputs, outputs
+
+
+def _is_tuple(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), (list, tuple))
+
+
+def _conditions(backend: Backend, op: str) -> str:
+    if backend.inline_aten:
+        return "any (runs ATen in place)"
+    try:
+        entry = backend.manifest().entry(op)
+    except Exception:  # noqa: BLE001 - a broken manifest is reported as such, not raised
+        return "manifest could not be read"
+    if entry is None:
+        return "not in manifest"
+    dtypes = ",".join(sorted(str(d).removeprefix("torch.") for d in entry.dtypes))
+    text = f"dtypes {dtypes}; devices {','.join(sorted(entry.devices))}; " \
+           f"{'dynamic' if entry.dynamic else 'static'} shapes"
+    if entry.max_rank is not None:
+        text += f"; rank <= {entry.max_rank}"
+    for k, dtypes, _ in entry.wrong_outputs:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        text += f"; output {k} wrong in {names} (refused where used)"
+    if op in backend.validators or op.rsplit(".", 1)[0] in backend.validators:
+        text += "; plus a validator"
+    return text + f" ({_verified(entry)})"
+
+
+def _verified(entry) -> str:
+    """`declared`, `probed`, or which dtypes the probe passed when the entry allows more."""
+    probed = entry.probed_dtypes
+    if not probed or not entry.dtypes - probed:
+        return entry.verified
+    names = ",".join(sorted(str(d).removeprefix("torch.") for d in probed))
+    return f"{entry.verified} for {names}; declared for the rest"
+
+
+def op_reports(plan: Plan, backends: Mapping[str, Backend],
+               runs_on: Optional[Mapping[int, str]] = None) -> list[OpReport]:
+    """Per ATen op: nodes, able backends (config order), placement and refusals.
+
+    ``runs_on``: partition id -> the backend that runs it now (after fallbacks), for the
+    compiled partitions; the others count as ``planned`` for their planned backend: a
+    report never says a backend ran what it was only planned to run.
+    """
+    runs_on = runs_on or {}
+    part_of = {n: (runs_on[p.id], True) if p.id in runs_on else (p.backend, False)
+               for p in plan.partitions for n in p.nodes}
+    order = list(backends)
+    count: Counter = Counter()
+    able: dict[str, set] = {}
+    placed: dict[str, Counter] = {}
+    planned: dict[str, Counter] = {}
+    refused: dict[str, dict[str, str]] = {}
+    for node, sup in plan.support.items():
+        if is_getitem(node):
+            continue
+        op = op_name(node.target)
+        count[op] += 1
+        able.setdefault(op, set()).update(sup.candidates)
+        backend, ran = part_of.get(node, ("?", False))
+        (placed if ran else planned).setdefault(op, Counter())[backend] += 1
+        for b, why in sup.refusals.items():
+            refused.setdefault(op, {}).setdefault(b, why)
+    out = []
+    for op, n in sorted(count.items(), key=lambda kv: (-kv[1], kv[0])):
+        names = [b for b in order if b in able[op]]
+        out.append(OpReport(
+            op=op, nodes=n, able=names,
+            conditions={b: _conditions(backends[b], op) for b in names if b in backends},
+            placed=dict(sorted(placed.get(op, {}).items())),
+            planned=dict(sorted(planned.get(op, {}).items())), refused=refused.get(op, {})))
+    return out
+
+
+def coverage(plan: Plan, backends: Mapping[str, Backend]) -> dict[str, float]:
+    """Backend -> % of compute nodes it could run (before min_block_size)."""
+    compute = [s for n, s in plan.support.items() if not is_getitem(n)]
+    total = len(compute) or 1
+    return {b: round(100.0 * sum(1 for s in compute if b in s.candidates) / total, 1)
+            for b in backends}
+
+
+def node_reports(plan: Plan) -> list[NodeReport]:
+    """Every compute node with its inputs; getitems are folded into their producer."""
+    part_id = {n: p.id for p in plan.partitions for n in p.nodes}
+
+    def source(n: torch.fx.Node) -> Optional[str]:
+        while is_getitem(n):
+            n = n.args[0]
+        if n.op == "placeholder":
+            return f"input:{n.name}"
+        if n.op == "get_attr":
+            return None
+        return n.name
+
+    out = []
+    for p in plan.partitions:
+        for n in p.nodes:
+            if is_getitem(n):
+                continue
+            ins = [s for s in (source(i) for i in n.all_input_nodes) if s is not None]
+            ts = tensors_in(n.meta.get("val"))
+            out.append(NodeReport(
+                name=n.name, op=op_name(n.target), partition=part_id[n],
+                inputs=list(dict.fromkeys(ins)), shape=_shape(ts[0]) if ts else [],
+                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else ""))
+    return out
+
+
+def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport:
+    """The report of one compiled graph, from its live record: fallbacks show at once."""
+    parts = []
+    for p in g.plan.partitions:
+        rec = g.records[p.id]
+        compute = [n for n in p.nodes if not is_getitem(n)]
+        inputs, outputs = boundaries(p, g.constant_nodes)
+        parts.append(PartitionReport(
+            id=p.id, planned_backend=p.backend, compiled=bool(rec.backend),
+            backend=rec.backend or None,
+            nodes=len(compute), ops=dict(Counter(op_name(n.target) for n in compute)),
+            node_names=[n.name for n in compute], chain=rec.chain,
+            fallbacks=[FallbackReport(from_backend=f.from_backend, to_backend=f.to_backend,
+                                      stage=f.stage, reason=f.reason) for f in rec.fallbacks],
+            compile_s=round(rec.compile_s, 4), calls=rec.calls, run_s=round(rec.run_s, 6),
+            copies=rec.copies, restride_copies=rec.restride_copies,
+            verify_checks=rec.verify_checks, verify_max_error=rec.verify_max_error,
+            measured_ms=g.outcome.measured_ms.get(p.id, {}),
+            inputs=inputs, outputs=outputs,
+            bytes_in=sum(t.bytes or 0 for t in inputs if t.source == "partition"),
+            graph_input_bytes=sum(t.bytes or 0 for t in inputs if t.source == "graph input"),
+            constant_bytes=sum(t.bytes or 0 for t in inputs if t.source == "constant"),
+            bytes_out=sum(t.bytes or 0 for t in outputs),
+            inline=backends[p.backend].inline_aten if p.backend in backends else False))
+    refusals: Counter = Counter()
+    for node, sup in g.plan.support.items():
+        if is_getitem(node):
+            continue
+        for backend, reason in sup.refusals.items():
+            refusals[(op_name(node.target), backend, reason)] += 1
+    placement: Counter = Counter()
+    planned: Counter = Counter()
+    for x in parts:
+        if x.compiled:
+            placement[x.backend] += x.nodes
+        else:
+            planned[x.planned_backend] += x.nodes
+    o = g.outcome
+    return GraphReport(
+        graph_id=g.graph_id, kind=g.kind, nodes=sum(x.nodes for x in parts), partitions=parts,
+        refusals=[RefusalReport(op=op, backend=b, reason=r, nodes=c)
+                  for (op, b, r), c in sorted(refusals.items())],
+        constants=g.constants, plan_s=round(g.plan_s, 5), policy=o.policy,
+        weight_events=[WeightEventReport(reason=e.reason, action=e.action)
+                       for e in g.weight_events],
+        weights_as_inputs=g.weights_as_inputs,
+        chosen=o.chosen, candidates_ms=dict(o.candidates_ms), estimates_ms=dict(o.estimates_ms),
+        ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
+        coverage=coverage(g.plan, backends),
+        placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
+        graph=node_reports(g.plan))

@@ -1,0 +1,261 @@
+"""The capability report's model: what ran where, what fell back, and why.
+
+The report is a pydantic model (``Report``); renderers read only the model. It is built
+from the live records of the compiled pieces, so after a runtime fallback the next
+report shows the demoted backend: the report says what actually ran, not what was
+planned (both are kept: ``planned_backend`` and ``backend``).
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+
+#: Bumped when a field is renamed or removed (adding fields keeps it); docs/report.md.
+#: 2: a partition's `compiled` and `backend: null` until compiled (was the sentence
+#: "(not compiled yet)"); graphs' and ops' `planned` apart from `placement`/`placed`
+#: (was "x (planned)" keys); the policy's outcome fields unchanged.
+SCHEMA_VERSION = 2
+
+
+class TensorReport(BaseModel):
+    """One value crossing a partition boundary."""
+
+    name: str = Field(description="the FX node that produces the value")
+    shape: list[Any] = Field(description="sizes; symbolic sizes are strings (`s0`)")
+    dtype: str
+    bytes: Optional[int] = Field(None, description="size in bytes; None when symbolic")
+    source: str = Field("partition", description="`partition` (another partition's "
+                        "output), `graph input`, `constant` (a frozen weight baked into "
+                        "the partition), or `graph output` for outputs")
+
+
+class FallbackReport(BaseModel):
+    from_backend: str
+    to_backend: str
+    stage: str = Field(description="`compile`, `run` or `verify`")
+    reason: str
+
+
+class PartitionReport(BaseModel):
+    id: int
+    planned_backend: str = Field(description="the backend the policy chose")
+    compiled: bool = Field(description="whether a backend compiled it yet (not before the "
+                                       "first call, nor in a dry run)")
+    backend: Optional[str] = Field(description="the backend that runs it now; null until "
+                                               "compiled")
+    nodes: int = Field(description="compute nodes (getitem not counted)")
+    ops: dict[str, int] = Field(description="op -> number of nodes")
+    node_names: list[str]
+    chain: list[str] = Field(description="backends tried in order if one fails")
+    fallbacks: list[FallbackReport] = Field(default_factory=list)
+    compile_s: float = 0.0
+    calls: int = Field(0, description="calls timed (a timed run)")
+    run_s: float = Field(0.0, description="time spent in this partition over timed calls")
+    copies: int = Field(0, description="tensor copies made at this partition's boundary")
+    restride_copies: int = Field(0, description="outputs copied into the traced layout")
+    verify_checks: int = Field(0, description="accuracy checks against eager ATen")
+    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
+    measured_ms: dict[str, float] = Field(default_factory=dict,
+                                          description="backend -> median ms, where measured")
+    inputs: list[TensorReport] = Field(default_factory=list,
+                                       description="values flowing in, in call order")
+    outputs: list[TensorReport] = Field(default_factory=list,
+                                        description="values used outside the partition")
+    bytes_in: int = Field(0, description="bytes read from other partitions (graph inputs "
+                                         "not counted; see graph_input_bytes)")
+    graph_input_bytes: int = Field(0, description="bytes read from graph inputs (weights "
+                                                  "included unless frozen as constants)")
+    constant_bytes: int = Field(0, description="bytes of frozen weights baked in")
+    bytes_out: int = Field(0, description="bytes produced for other partitions or the output")
+    inline: bool = Field(False, description="runs as ATen nodes inside the stitched graph "
+                                            "(eager); timed only as part of the whole call")
+
+
+class RefusalReport(BaseModel):
+    op: str
+    backend: str
+    reason: str
+    nodes: int
+
+
+class OpReport(BaseModel):
+    """One ATen op of a graph: who could run it, who got it, who refused and why."""
+
+    op: str
+    nodes: int
+    able: list[str] = Field(description="backends able to run at least one of its nodes, "
+                                        "in config order")
+    conditions: dict[str, str] = Field(default_factory=dict,
+                                       description="backend -> the manifest's conditions "
+                                                   "(dtypes, devices, dynamic, max_rank)")
+    placed: dict[str, int] = Field(default_factory=dict,
+                                   description="backend -> nodes of this op it runs "
+                                               "(compiled partitions)")
+    planned: dict[str, int] = Field(default_factory=dict,
+                                    description="backend -> nodes of this op planned for it "
+                                                "in partitions not compiled yet")
+    refused: dict[str, str] = Field(default_factory=dict,
+                                    description="backend -> why it refused (first reason)")
+
+
+class NodeReport(BaseModel):
+    """One node of the graph, for drawing it (the HTML page)."""
+
+    name: str
+    op: str
+    partition: int
+    inputs: list[str] = Field(description="names of the nodes it reads (graph inputs "
+                                          "appear as `input:<name>`)")
+    shape: list[Any] = Field(default_factory=list)
+    dtype: str = ""
+
+
+class WeightEventReport(BaseModel):
+    """A graph's frozen weights changed after it was compiled (arbiter/run/freeze.py)."""
+
+    reason: str = Field(description="which weights changed, and how")
+    action: str = Field(description="`re-frozen` (pieces rebuilt around the new weights) "
+                                    "or `weights as inputs` (from then on, no constants)")
+
+
+class GraphReport(BaseModel):
+    graph_id: int
+    kind: str = Field(description="inference, forward or backward")
+    nodes: int
+    partitions: list[PartitionReport]
+    refusals: list[RefusalReport] = Field(default_factory=list,
+                                          description="why backends refused ops, per op")
+    constants: int = Field(0, description="weights handed to backends as constants")
+    weight_events: list[WeightEventReport] = Field(
+        default_factory=list, description="changes of the frozen weights seen at a call, "
+                                          "in order, and what was done")
+    weights_as_inputs: bool = Field(False, description="the frozen weights changed more "
+                                    "often than `refreeze_limit`: weights are now inputs")
+    plan_s: float = 0.0
+    policy: str = "priority"
+    ops: list[OpReport] = Field(default_factory=list, description="per ATen op, by count")
+    coverage: dict[str, float] = Field(default_factory=dict,
+                                       description="backend -> % of compute nodes it could run")
+    placement: dict[str, int] = Field(default_factory=dict,
+                                      description="backend -> compute nodes it runs now "
+                                                  "(compiled partitions)")
+    planned: dict[str, int] = Field(default_factory=dict,
+                                    description="backend -> compute nodes planned for it in "
+                                                "partitions not compiled yet")
+    graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
+    chosen: str = Field("", description="policies cost/measure: the placement chosen")
+    candidates_ms: dict[str, Optional[float]] = Field(
+        default_factory=dict, description="policy measure: placement -> measured ms "
+                                          "(null: not measured)")
+    estimates_ms: dict[str, float] = Field(default_factory=dict,
+                                           description="policy cost: placement -> estimated ms")
+
+
+class BackendStatus(BaseModel):
+    name: str
+    available: bool
+    reason: str = ""
+    version: Optional[str] = None
+
+
+class GraphBreakReport(BaseModel):
+    """What Dynamo made of the model (``torch._dynamo.explain``)."""
+
+    graphs: int = Field(description="graphs Dynamo captured")
+    breaks: int = Field(description="graph breaks")
+    reasons: list[str] = Field(default_factory=list, description="why, with user frames")
+
+
+class AdviceReport(BaseModel):
+    """A suggestion computed from the plan (by replanning), not a canned tip."""
+
+    kind: str = Field(description="`min_block_size` or `op_support`")
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class TimingReport(BaseModel):
+    """A timed run: whole calls, and the partitions' share of them."""
+
+    calls: int
+    total_s: float = Field(description="wall time of all timed calls")
+    pieces_s: float = Field(description="time inside non-inline partitions")
+    note: str = ""
+
+
+class Report(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    label: str = Field("", description="the config's name in a side-by-side report")
+    model: Optional[str] = Field(None, description="the model reported on, as given")
+    config: Optional[str] = Field(None, description="where the config came from")
+    config_dump: dict[str, Any] = Field(default_factory=dict,
+                                        description="the config in force, every field")
+    versions: dict[str, str] = Field(default_factory=dict,
+                                     description="python, torch, arbiter, each backend")
+    graph_breaks: Optional[GraphBreakReport] = None
+    advice: list[AdviceReport] = Field(default_factory=list)
+    timing: Optional[TimingReport] = None
+    created: str = Field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
+    dry_run: bool = False
+    backends: list[BackendStatus] = Field(default_factory=list)
+    graphs: list[GraphReport] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict,
+                                      description="thread and memory settings in force")
+
+    def summary(self) -> str:
+        parts = [p for g in self.graphs for p in g.partitions]
+        by: dict[str, int] = {}
+        for p in parts:
+            # Not compiled (a dry run, or before the first call): the plan, said so.
+            b = p.backend if p.compiled else p.planned_backend
+            by[b] = by.get(b, 0) + p.nodes
+        total = sum(by.values()) or 1
+        share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
+        falls = sum(len(p.fallbacks) for p in parts)
+        breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
+        # Short enough for one line of a 100-column terminal with 3-4 backends.
+        ran = "ran" if parts and all(p.compiled for p in parts) else \
+            "planned" if not any(p.compiled for p in parts) else "ran or planned"
+        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
+                f"{ran}: {share or '-'}; "
+                f"fallbacks: {falls}{breaks}")
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+
+def render_text(report: Report) -> str:
+    lines = [("[dry run] " if report.dry_run else "") + report.summary()]
+    if report.config:
+        lines.append(f"config: {report.config}")
+    down = [b for b in report.backends if not b.available]
+    for b in down:
+        lines.append(f"backend {b.name} unavailable: {b.reason}")
+    for g in report.graphs:
+        lines.append("")
+        lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
+                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
+                     f"planned in {g.plan_s * 1e3:.1f} ms")
+        for e in g.weight_events:
+            lines.append(f"  weights changed: {e.reason}: {e.action}")
+        for p in g.partitions:
+            ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
+                            for k, v in sorted(p.ops.items()))
+            if p.compiled:
+                where = p.backend
+                moved = f" (planned {p.planned_backend})" if p.backend != p.planned_backend else ""
+            else:
+                where, moved = p.planned_backend, " (planned, not compiled)"
+            ctime = f", compiled in {p.compile_s:.2f} s" if p.compile_s else ""
+            lines.append(f"  #{p.id:<3} {where:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
+            for f in p.fallbacks:
+                lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "
+                             f"{f.to_backend}: {f.reason}")
+        if g.refusals:
+            lines.append("  refused:")
+            for r in g.refusals:
+                lines.append(f"    {r.op} x{r.nodes} by {r.backend}: {r.reason}")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""Lowering Dynamo's graph to ATen IR with AOTAutograd.
+
+``aot_module_simplified`` traces forward and backward (or a single inference graph when
+no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
+node, and calls our compiler once per graph. Decompositions are PyTorch's own table
+(``torch._decomp``), restricted to the ops the config and the backends' manifests ask for.
+
+Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
+metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and
+which the graph mutates; static, unmutated inputs are bound to the real tensors Dynamo
+passed us, so backends such as ONNX Runtime can fold and prepack them. Training graphs
+keep weights as inputs, since the optimizer changes them between calls.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+log = logging.getLogger(__name__)
+
+#: compile_graph(graph, kind, constants) -> callable(*inputs); kind is "inference",
+#: "forward" or "backward".
+GraphCompiler = Callable[[torch.fx.GraphModule, str, dict], Callable]
+
+
+def decomposition_table(names: Sequence[str]) -> dict:
+    from torch._decomp import get_decompositions
+
+    ops = []
+    for name in names:
+        ns, base, *rest = name.split(".")
+        packet = getattr(getattr(torch.ops, ns), base)
+        ops.append(getattr(packet, rest[0]) if rest else packet)
+    return get_decompositions(ops)
+
+
+def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """(name, kind) of each input of a Dynamo graph in the user's terms: the name as
+    ``fc1.weight`` and the kind ``parameter``, ``buffer`` or ``input``, from Dynamo's
+    sources (the placeholder's name and ``input`` where it has none)."""
+    import re
+
+    names = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        source = getattr(getattr(n.meta.get("grapharg"), "source", None), "name", None)
+        if callable(source):
+            source = source()
+        if not isinstance(source, str):
+            names.append((n.name, "input"))
+            continue
+        kind = ("buffer" if "._buffers[" in source else
+                "parameter" if "._parameters[" in source else "input")
+        source = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", source)
+        names.append((re.sub(r"^L\['([^']*)'\]", r"\1", source), kind))
+    return names
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any],
+                  names: Sequence[tuple[str, str]] = ()) -> dict[torch.fx.Node, torch.Tensor]:
+    """Placeholders of an inference graph that are parameters/buffers -> real tensors.
+
+    ``names`` (the user's name and kind of each input, ``input_names``) are kept on the
+    frozen placeholders as ``meta["arbiter_input"]`` (arbiter/run/freeze.py reads them)."""
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if meta is None or len(placeholders) != len(real_inputs):
+        log.info("weights stay graph inputs: AOT metadata does not map inputs one to one")
+        return {}
+    static = set(getattr(meta, "static_input_indices", ()) or ())
+    out: dict[torch.fx.Node, torch.Tensor] = {}
+    for i in sorted(static):
+        real = real_inputs[i]
+        node = placeholders[i]
+        info = meta.input_info[i] if i < len(meta.input_info) else None
+        if not isinstance(real, torch.Tensor) or (info is not None and (
+                info.mutates_data or info.mutates_metadata)):
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and tuple(val.shape) == tuple(real.shape) \
+                and val.dtype == real.dtype:
+            out[node] = real.detach()
+            if i < len(names):
+                node.meta["arbiter_input"] = names[i]
+    return out
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: GraphCompiler,
+          *, decompositions: dict, freeze_weights: bool) -> Callable:
+    """Run AOTAutograd on a Dynamo graph; ``compile_graph`` gets each ATen graph."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    real_inputs = list(example_inputs)
+    names = input_names(gm) if freeze_weights else []
+
+    def compiler(kind: str):
+        def compile_one(fx_g: torch.fx.GraphModule, _fake_inputs: Sequence[Any]):
+            # AOT calls us under its fake and functional modes; we handle real weights.
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return _compile_one(kind, fx_g)
+        return compile_one
+
+    def _compile_one(kind: str, fx_g: torch.fx.GraphModule):
+        freeze = kind == "inference" and freeze_weights
+        constants = frozen_inputs(fx_g, real_inputs, names) if freeze else {}
+        return make_boxed_func(compile_graph(fx_g, kind, constants))
+
+    return aot_module_simplified(
+        gm, example_inputs,
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decompositions,
+        keep_inference_input_mutations=True,
+    )

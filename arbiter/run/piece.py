@@ -1,0 +1,263 @@
+"""Running a partition: compile on first call, fall back down the chain on failure.
+
+A ``Piece`` is what the stitched graph calls for one partition. It compiles lazily, on
+its first call, with the real input tensors (so backends see real shapes and the inputs
+need not be invented from metadata). If the chosen backend fails to compile, the next
+backend of the partition's chain is tried, down to eager ATen. If a compiled piece raises
+at run time, the same happens and the call is retried: the graphs are functional (AOT
+functionalizes them), so a failed call changed nothing and a retry is safe. Later calls
+use the demoted path. Every step is logged and kept in the piece's ``record``, which the
+report reads: the report shows what actually ran, never what was planned.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch._prims_common
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..errors import describe
+from ..ops import output_values
+from ..registry import Backend
+from .verify import check_meta, compare, output_specs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Fallback:
+    """One step down a chain: from which backend to which, at which stage, and why."""
+
+    from_backend: str
+    to_backend: str
+    stage: str  # "compile", "run" (raised, or wrong output metadata) or "verify"
+    reason: str
+
+
+@dataclass
+class PieceRecord:
+    """What happened to one partition. Mutable: runtime fallbacks update it."""
+
+    partition_id: int
+    planned: str
+    chain: list[str]
+    backend: str = ""  # what runs now ("" until compiled)
+    compile_s: float = 0.0
+    restride_copies: int = 0
+    calls: int = 0  # counted only while timing is on (Piece.timed)
+    run_s: float = 0.0
+    copies: int = 0  # tensor copies made at this partition's boundary (inputs, outputs)
+    verify_checks: int = 0  # accuracy checks against eager ATen (config `verify`)
+    verify_max_error: Optional[float] = None
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+
+def _compile_lock():
+    """The lock that serializes compiles process-wide: Dynamo's own when it has one.
+
+    Backends trace and compile with process-global state (export, Inductor, Dynamo's
+    config), so pieces compiling in two threads, or beside Dynamo compiling another
+    model, must take turns. Taking Dynamo's lock (an RLock) rather than one of our own
+    keeps a single lock order: Dynamo holds it while it calls us to plan (and the
+    `measure` policy runs pieces then), and a piece takes it before its own lock.
+    """
+    global _COMPILE_LOCK
+    if _COMPILE_LOCK is None:
+        try:
+            from torch._dynamo.convert_frame import compile_lock
+        except ImportError:  # a torch without it: our own, same order
+            compile_lock = threading.RLock()
+        _COMPILE_LOCK = compile_lock
+    return _COMPILE_LOCK
+
+
+_COMPILE_LOCK = None
+
+
+def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
+    """(index, size, stride) of outputs whose traced strides are not contiguous ones."""
+    found = []
+    for k, val in enumerate(output_values(gm) or ()):
+        if not isinstance(val, torch.Tensor):
+            continue
+        if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
+            continue  # symbolic: nothing static to enforce (and int() would add a guard)
+        size, stride = tuple(val.shape), tuple(val.stride())
+        contiguous = tuple(torch._prims_common.make_contiguous_strides_for(size))
+        if any(st == 0 and n > 1 for n, st in zip(size, stride)):
+            # An expanded (overlapping) layout cannot be written by a copy; the backend's
+            # dense result holds the same values and any view of it is valid.
+            continue
+        if val.numel() > 1 and _strides_matter(size, stride, contiguous):
+            found.append((k, size, stride))
+    return found
+
+
+def _strides_matter(size, stride, contiguous) -> bool:
+    # Dimensions of size 1 may carry any stride without changing the layout.
+    return any(a != b for n, a, b in zip(size, stride, contiguous) if n > 1)
+
+
+class Piece:
+    """Callable for one partition; see the module docstring.
+
+    Every call of a compiled backend is checked against the partition's traced output
+    metadata (count, shape, dtype, device: a few comparisons per output); a mismatch
+    demotes the piece like an exception does. With ``verify`` (the config's
+    ``VerifyOptions``), chosen calls also run the ATen graph in eager on the same inputs
+    and compare (``arbiter.run.verify.compare``); a mismatch demotes the piece (stage
+    ``verify``) and that call returns eager's result.
+    """
+
+    def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
+                 backends: Sequence[Backend], graph_label: str, verify: Any = None):
+        self.record = record
+        self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
+        self._backends = list(backends)  # the chain, the last being eager
+        self._level = -1
+        self._lock = threading.Lock()
+        self._fn: Callable = gm
+        self.__name__ = f"partition_{record.partition_id}_{record.planned}"
+        self.__qualname__ = self.__name__
+        self.__module__ = __name__
+        self._label = graph_label
+        self._restride = _non_contiguous_outputs(gm)
+        self._specs = output_specs(gm)
+        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
+        self._tolerances = getattr(verify, "tolerances", None)
+        self._since_compile = 0  # calls of the current backend (verify `every`)
+        self._device_checks = 2  # calls left whose output devices are checked
+        self._verify_pending = False  # verify `first`: the next call is checked
+        self.timed = False  # set by a timed run (the report's per-partition times)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.timed:
+            start = time.perf_counter()
+            out = self._call(*args)
+            self.record.run_s += time.perf_counter() - start
+            self.record.calls += 1
+            return out
+        return self._call(*args)
+
+    def _call(self, *args: Any) -> Any:
+        if self._level < 0:
+            with _compile_lock(), self._lock:
+                if self._level < 0:
+                    self._advance(args, None)
+        while True:
+            level, fn = self._level, self._fn
+            backend = self._backends[level]
+            if backend.inline_aten:
+                return fn(*args)  # eager ATen: its errors are the model's own
+            try:
+                out = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+                self._demote_from(level, "run", describe(exc), args)
+                continue  # retry: the graphs are functional, the failed call changed nothing
+            if self._specs is not None:
+                devices = self._device_checks > 0  # first calls only: see check_meta
+                if devices:
+                    self._device_checks -= 1
+                why = check_meta(out, self._specs, devices)
+                if why is not None:
+                    self._demote_from(level, "run", f"wrong output: {why}", args)
+                    continue
+            if self._verify_mode != "off" and self._due():
+                expected = self._verify(level, args, out)
+                if expected is not None:
+                    return expected
+            return self._restrided(out)
+
+    def _restrided(self, out: Any) -> Any:
+        if not self._restride:
+            return out
+        out = list(out)
+        for k, size, stride in self._restride:
+            t = out[k]
+            if _strides_matter(size, t.stride(), stride):
+                # Downstream views were traced against eager's strides (a transposed
+                # layout, say); a backend that returns another layout gets one copy.
+                fixed = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+                fixed.copy_(t)
+                out[k] = fixed
+                self.record.restride_copies += 1
+        return out
+
+    # -- accuracy checks -------------------------------------------------------------
+    def _due(self) -> bool:
+        if self._verify_mode == "first":
+            due, self._verify_pending = self._verify_pending, False
+            return due
+        n = self._since_compile
+        self._since_compile = n + 1
+        return n % self._verify_every == 0
+
+    def _verify(self, level: int, args: Sequence[Any], out: Any) -> Optional[list]:
+        """Compare ``out`` with eager ATen; on a mismatch demote and return eager's."""
+        expected = list(self.gm(*args))
+        cmp = compare(expected, list(out), self._tolerances)
+        rec = self.record
+        rec.verify_checks += 1
+        if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
+            rec.verify_max_error = cmp.max_error
+        if cmp.ok:
+            return None
+        self._demote_from(level, "verify", f"differs from eager: {cmp.detail}", args)
+        return expected
+
+    # -- compile and demote --------------------------------------------------------
+    def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
+        """Compile the next backend of the chain that compiles; must hold the locks."""
+        start = time.perf_counter()
+        while True:
+            self._level += 1
+            backend = self._backends[self._level]
+            if failure is not None:
+                frm, stage_reason = failure
+                self._note(frm, backend.name, *stage_reason)
+            if backend.inline_aten:
+                self._fn = self.gm
+                break
+            try:
+                # Progress for long compiles (`arbiter report` shows these on stderr).
+                log.info("%s partition %d: compiling with %s", self._label,
+                         self.record.partition_id, backend.name)
+                # Backends trace (export, Dynamo) and must not see the dispatch modes
+                # that AOTAutograd's runtime wrappers may have active around this call.
+                with _disable_current_modes():
+                    self._fn = backend.compile(self.gm, list(args))
+                # A compiled callable may count the copies it makes (inputs made
+                # contiguous...) into the record's `copies` (docs/resources.md).
+                attach = getattr(self._fn, "attach_record", None)
+                if attach is not None:
+                    attach(self.record)
+                log.info("%s partition %d: compiled with %s in %.2f s", self._label,
+                         self.record.partition_id, backend.name, time.perf_counter() - start)
+                break
+            except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
+                failure = (backend.name, ("compile", describe(exc)))
+                log.debug("compile failure detail", exc_info=True)
+        self._since_compile = 0
+        self._device_checks = 2
+        self._verify_pending = not backend.inline_aten
+        self.record.backend = backend.name
+        self.record.compile_s += time.perf_counter() - start
+
+    def _demote_from(self, level: int, stage: str, reason: str, args: Sequence[Any]) -> None:
+        """Move past the backend at ``level``, unless another thread already did."""
+        with _compile_lock(), self._lock:
+            if self._level == level:
+                failed = self._backends[level].name
+                self._advance(args, (failed, (stage, reason)))
+
+    def _note(self, frm: str, to: str, stage: str, reason: str) -> None:
+        self.record.fallbacks.append(Fallback(frm, to, stage, reason))
+        log.warning("%s partition %d: %s failed to %s (%s); falling back to %s",
+                    self._label, self.record.partition_id, frm, stage, reason, to)

@@ -1,0 +1,170 @@
+"""One thread budget and one memory arena for every backend in the process.
+
+Backends left alone each size their own thread pools for the whole machine, keep them
+spinning after a run, and keep their own memory arenas. A graph split across backends
+runs its partitions one after another, so each backend should get the whole budget
+while it runs and leave the cores alone while the others run. This module decides the
+budget once per process (``Budget``) and hands it to every backend through
+``Backend.configure_resources(budget)``; what each backend says it applied is the
+``settings in force`` that ``Arbiter.report()`` shows under ``resources``.
+
+What can change when (details and measurements in docs/resources.md):
+
+* torch intra-op threads (``torch.set_num_threads``): any time; set here. Inductor's CPU
+  kernels read it when they are compiled (``cpp.threads = -1``), so it reaches them too.
+* ``OMP_WAIT_POLICY`` (whether torch's OpenMP threads spin): read by libgomp when torch
+  is imported; it can only be reported here, never changed.
+* Process-wide pools and arenas of other backends (an ONNX Runtime global thread pool,
+  its shared arena): before their first session only. So the first budget applied in a
+  process stays; a later config asking for other settings gets a warning naming each
+  setting that could not change.
+
+No backend is named here: backends say what they did, in their own words.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Optional
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The resources every backend of the process shares.
+
+    ``threads``: intra-op threads each backend may use while it runs (they run one at a
+    time). ``spin``: the one backend whose idle threads may keep spinning (``none``: no
+    backend's). ``shared_arena``: backends that can share one memory arena do.
+    ``coordinate``: False leaves every backend at its own defaults (the uncoordinated
+    baseline of bench/resources.py).
+    """
+
+    threads: int
+    spin: str = "none"
+    shared_arena: bool = True
+    coordinate: bool = True
+
+    def may_spin(self, backend_name: str) -> bool:
+        return self.spin == backend_name
+
+
+def cores() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve(options: Any, first_backend: str = "none") -> Budget:
+    """A Budget from the config's ``resources:`` (``config.ResourcesOptions``).
+
+    ``spin: auto`` gives the spin to ``first_backend``, the config's first backend, which
+    by priority takes the most nodes: a backend whose pool may not spin may get fewer
+    threads (ONNX Runtime's global pool gets no workers), and the backend doing most of
+    the work needs them most."""
+    threads = cores() if options.threads == "auto" else int(options.threads)
+    spin = first_backend if options.spin == "auto" else options.spin
+    return Budget(threads=threads, spin=spin, shared_arena=options.shared_arena,
+                  coordinate=options.coordinate)
+
+
+def omp_wait_policy() -> str:
+    """What torch's OpenMP threads do when idle; fixed when torch was imported."""
+    value = os.environ.get("OMP_WAIT_POLICY")
+    if value:
+        return value.lower()
+    return "unset (libgomp: spin a while, then sleep)"
+
+
+# -- process-wide state ------------------------------------------------------------------
+_lock = threading.Lock()
+_budget: Optional[Budget] = None
+_in_force: dict[str, Any] = {}       # "torch" / backend name -> its settings
+_configured: set[str] = set()        # backends already given the budget
+
+
+def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") -> dict[str, Any]:
+    """Apply the config's ``resources:`` to torch and ``backends``, once per process.
+
+    The first call fixes the process's budget; later calls configure backends not
+    configured yet with that same budget, and warn (naming each setting) when their
+    own options ask for something else. Returns the settings in force.
+    """
+    global _budget
+    wanted = resolve(options, first_backend)
+    with _lock:
+        if _budget is None:
+            _budget = wanted
+            _in_force["budget"] = asdict(wanted)
+            _in_force["torch"] = _configure_torch(wanted)
+        elif wanted != _budget:
+            diffs = [f"{k}={getattr(wanted, k)!r} (in force: {getattr(_budget, k)!r})"
+                     for k in asdict(wanted) if getattr(wanted, k) != getattr(_budget, k)]
+            msg = ("resources: this config asks for " + ", ".join(diffs) + ", but the "
+                   "process's thread pools and arenas were set by the first Arbiter and "
+                   "cannot change (ONNX Runtime's global pool and arena exist from its "
+                   "first session; OMP_WAIT_POLICY from torch's import); the settings in "
+                   "force stay")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            log.warning("%s", msg)
+        budget = _budget
+        for backend in backends:
+            if backend.name in _configured:
+                continue
+            _configured.add(backend.name)
+            try:
+                settings = backend.configure_resources(budget)
+            except Exception as exc:  # noqa: BLE001 - a backend's failure is reported
+                settings = {"error": f"{type(exc).__name__}: {exc}"}
+                log.warning("backend %s could not apply the resource budget: %s",
+                            backend.name, exc)
+            if settings:
+                _in_force[backend.name] = settings
+        return in_force()
+
+
+def in_force() -> dict[str, Any]:
+    """The settings in force in this process (a copy), for the report."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in _in_force.items()}
+    if "torch" in out:
+        import torch
+
+        out["torch"]["intra_op_threads"] = torch.get_num_threads()  # may have been changed
+    return out
+
+
+def _configure_torch(budget: Budget) -> dict[str, Any]:
+    import torch
+
+    before = torch.get_num_threads()
+    if budget.coordinate and before != budget.threads:
+        torch.set_num_threads(budget.threads)
+    return {"intra_op_threads": torch.get_num_threads(), "was": before,
+            "omp_wait_policy": omp_wait_policy(),
+            "tqdm_monitor": _no_tqdm_monitor() if budget.coordinate else "tqdm's default"}
+
+
+def _no_tqdm_monitor() -> str:
+    """AOTAutograd runs ``torch.fx.Interpreter``, whose (disabled) tqdm progress bar
+    starts tqdm's monitor thread, which then stays for the life of the process: one
+    thread over the budget. ``monitor_interval = 0`` keeps it from starting; it only
+    watches for stalled progress bars."""
+    import sys
+
+    tqdm_mod = sys.modules.get("tqdm.std")
+    if tqdm_mod is None:
+        try:
+            import tqdm.std as tqdm_mod
+        except ImportError:
+            return "tqdm not installed"
+    cls = tqdm_mod.tqdm
+    if getattr(cls, "monitor", None) is not None:
+        return "already running (started before arbiter)"
+    cls.monitor_interval = 0
+    return "off"
