@@ -18,6 +18,7 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from arbiter.ops import op_name
 from arbiter.registry import Backend, register_backend
 
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
@@ -105,7 +106,7 @@ class OnnxRuntime(Backend):
         model_bytes = self.cached_artifact(
             gm, args, lambda: export_onnx(gm, args, optimize=self.options.optimize_export)
             .SerializeToString(), kind="onnx")
-        sess = self.make_session(model_bytes)
+        sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm))
 
@@ -164,8 +165,9 @@ class OnnxRuntime(Backend):
             settings["arena"] = "per session"
         return settings
 
-    def make_session(self, model_bytes: bytes):
-        """An InferenceSession with the options and the process's pool and arena."""
+    def make_session(self, model_bytes: bytes, disabled_optimizers: tuple[str, ...] = ()):
+        """An InferenceSession with the options and the process's pool and arena, without
+        the graph optimizers named (``_unsound_optimizers``)."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -188,7 +190,8 @@ class OnnxRuntime(Backend):
             so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         if _PROCESS.get("env_arena"):
             so.add_session_config_entry("session.use_env_allocators", "1")
-        return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers))
+        return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers),
+                                    disabled_optimizers=list(disabled_optimizers))
 
     @classmethod
     def declared_ops(cls):
@@ -211,6 +214,28 @@ class OnnxRuntime(Backend):
                 continue
             out[op] = {}
         return out
+
+
+#: ATen ops that export to a MatMul with a 1-D operand.
+_VECTOR_MATMULS = {"aten.mv.default", "aten.addmv.default", "aten.dot.default",
+                   "aten.vdot.default"}
+
+
+def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
+    """ONNX Runtime graph optimizers that compute this partition wrongly.
+
+    ``MatmulTransposeFusion`` folds a Transpose into a MatMul whose other operand is 1-D
+    and gets it wrong (onnxruntime 1.31.1 and 1.32.0: ``mv(A.t(), g)``, the gradient of
+    ``mv``, off by up to 5 on values of order 1; found by the OpInfo gradient sweep,
+    tests/test_onnxruntime.py). It is kept for every other graph (attention's Q @ K^T)."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and op_name(n.target) in _VECTOR_MATMULS:
+            return ("MatmulTransposeFusion",)
+        if n.op == "call_function" and op_name(n.target) in ("aten.matmul.default",):
+            vals = [a.meta.get("val") for a in n.args if isinstance(a, torch.fx.Node)]
+            if any(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
+                return ("MatmulTransposeFusion",)
+    return ()
 
 
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True):

@@ -186,6 +186,8 @@ def sweep_grad_one(info, dtype: torch.dtype) -> tuple[str, str]:
         return "no_sample", ""
     leaves = [v for v in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
               if isinstance(v, torch.Tensor)]
+    if any(t.layout != torch.strided for t in leaves):
+        return "no_sample", "sparse or other non-strided input"
     wants = [t.requires_grad for t in leaves]
     fn, tensors = sample_fn(info, sample)
     try:
@@ -194,6 +196,8 @@ def sweep_grad_one(info, dtype: torch.dtype) -> tuple[str, str]:
         return "no_sample", f"eager: {type(exc).__name__}"
     if not want_grads:
         return "no_sample", "no gradient"
+    if any(t.layout != torch.strided for t in [*expected, *want_grads]):
+        return "no_sample", "sparse or other non-strided output"
     be = arbiter.Arbiter(SWEEP_CONFIG)
     try:
         got, got_grads = _grads(fn, tensors, wants, be)

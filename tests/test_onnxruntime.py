@@ -1,0 +1,42 @@
+"""The ONNX Runtime backend against eager, where ONNX Runtime's own optimizers go wrong."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arbiter.backends.onnxruntime import OnnxRuntime, _unsound_optimizers
+
+from conftest import trace
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _mv_t(a, g):
+    return (torch.mv(a.t(), g),)
+
+
+def _addmv_t(b, a, g):
+    return (torch.addmv(b, a.t(), g),)
+
+
+def _mm_t(a, b):
+    return (a.t() @ b,)
+
+
+@pytest.mark.parametrize("fn, shapes", [(_mv_t, [(5, 3), (5,)]), (_addmv_t, [(3,), (5, 3), (5,)])])
+def test_transposed_matrix_times_vector(fn, shapes):
+    """ONNX Runtime's MatmulTransposeFusion computes Transpose + MatMul with a 1-D operand
+    wrongly (the gradient of mv, found by the OpInfo gradient sweep): off for such graphs."""
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in shapes]
+    gm = trace(fn, *args)
+    assert _unsound_optimizers(gm) == ("MatmulTransposeFusion",)
+    got = OnnxRuntime().compile(gm, args)(*args)
+    torch.testing.assert_close(got[0], fn(*args)[0], **TOL)
+
+
+def test_the_fusion_stays_on_for_matrix_products():
+    a, b = torch.randn(5, 3), torch.randn(5, 4)
+    gm = trace(_mm_t, a, b)
+    assert _unsound_optimizers(gm) == ()
+    torch.testing.assert_close(OnnxRuntime().compile(gm, [a, b])(a, b)[0], _mm_t(a, b)[0], **TOL)
