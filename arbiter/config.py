@@ -55,7 +55,11 @@ class MeasureOptions(BaseModel):
     time_budget_s: float = Field(120.0, gt=0, description="no new candidate is started "
                                  "after this long per graph (compiles included); what is "
                                  "left unmeasured is ranked by `cost`")
-    repeats: int = Field(5, ge=1, description="timed runs per candidate; the median counts")
+    repeats: int = Field(5, ge=1, description="interleaved timing rounds (each times every "
+                         "candidate once, the order rotating); the median counts")
+    max_repeats: int = Field(15, ge=1, description="more rounds, up to this many, while the "
+                             "fastest candidate's quartiles overlap another's (within "
+                             "`time_budget_s`)")
     warmup: int = Field(2, ge=0, description="untimed runs before timing (at least one "
                         "always runs: it compiles)")
     refine: bool = Field(True, description="after the whole-graph candidates, move one "

@@ -203,10 +203,15 @@ _COST = {"fast": {"mul": 1, "other": 5}, "slow": {"mul": 5, "other": 1},
          "eager": {"mul": 5, "other": 5}}
 
 
-def _synthetic_time(self, cand, args, start, per_part):
-    cand.measured_ms = float(sum(
-        _COST[p.backend]["mul" if "mul" in str(n.target) else "other"]
-        for p in cand.plan.partitions for n in p.nodes))
+def _cost(cand) -> float:
+    return float(sum(_COST[p.backend]["mul" if "mul" in str(n.target) else "other"]
+                     for p in cand.plan.partitions for n in p.nodes))
+
+
+def _synthetic_time(cand, fn, inner, args):
+    """MeasuredGraph._sample with synthetic costs (the graph still runs)."""
+    fn(*args)
+    return _cost(cand)
 
 
 def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
@@ -215,7 +220,7 @@ def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
 
     x = torch.randn(4, 8)
     with monkeypatch.context() as m:
-        m.setattr(MeasuredGraph, "_time", _synthetic_time)
+        m.setattr(MeasuredGraph, "_sample", staticmethod(_synthetic_time))
         be = arbiter.Arbiter(_config(tmp_path))
         torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
     g = _graph(be)
@@ -240,7 +245,7 @@ def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkey
                                                      fresh_dynamo):
     from arbiter.run.measured import MeasuredGraph
 
-    monkeypatch.setattr(MeasuredGraph, "_time", _synthetic_time)
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(_synthetic_time))
     be = arbiter.Arbiter(_config(tmp_path, refine=False))
     torch.compile(f, backend=be)(torch.randn(4, 8))
     g = _graph(be)
@@ -255,14 +260,16 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
     from arbiter.run.measured import MeasuredGraph
 
     timed: list[str] = []
+    repeats = 3  # _config's
 
-    def lucky_first_time(self, cand, args, start, per_part):
-        _synthetic_time(self, cand, args, start, per_part)
-        if cand.label.startswith("refine:") and cand.label not in timed:
-            cand.measured_ms = 0.5  # far below every true cost: wins its first timing
+    def lucky_first_time(cand, fn, inner, args):
+        # every sample of a refinement step's first timing (its first `repeats` samples)
+        # far below every true cost: it wins its first timing
+        lucky = cand.label.startswith("refine:") and timed.count(cand.label) < repeats
         timed.append(cand.label)
+        return 0.5 if lucky else _synthetic_time(cand, fn, inner, args)
 
-    monkeypatch.setattr(MeasuredGraph, "_time", lucky_first_time)
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(lucky_first_time))
     be = arbiter.Arbiter(_config(tmp_path))
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
@@ -270,8 +277,56 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
     out = g.outcome
     refined = {lab for lab in timed if lab.startswith("refine:")}
     assert len(refined) > 1, timed
-    assert all(timed.count(lab) >= 2 for lab in refined), timed  # all were re-timed
+    assert all(timed.count(lab) > repeats for lab in refined), timed  # all were re-timed
     # kept: only the move that wins on its true cost (mul to fast: 4 against 8); with one
     # timing, the first move tried would have been kept at 0.5 ms
     assert out.chosen.startswith("refine:") and "aten.mul.Tensor" in out.chosen
     assert out.candidates_ms[out.chosen] == 4.0
+
+
+def _constant(costs):
+    def sample(cand, fn, inner, args):
+        fn(*args)
+        return costs.get(cand.label, 10.0)
+    return staticmethod(sample)
+
+
+def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, monkeypatch,
+                                                          fresh_dynamo):
+    from arbiter.run.measured import MeasuredGraph
+
+    order: list[str] = []
+
+    def sample(cand, fn, inner, args):
+        order.append(cand.label)
+        fn(*args)
+        return {"only fast": 1.0}.get(cand.label, 5.0) + 0.01 * (len(order) % 3)
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=9))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    labels = sorted(set(order))
+    n = len(labels)
+    rounds = [order[i:i + n] for i in range(0, len(order), n)]
+    assert all(sorted(r) == labels for r in rounds)  # each round times each candidate once
+    assert rounds[0] != rounds[1]  # and the order rotates
+    assert out.rounds == 3 and out.confident is True  # apart after the minimum: stopped
+    assert out.chosen == "only fast"
+    lo, hi = out.spread_ms["only fast"]
+    assert lo <= out.candidates_ms["only fast"] <= hi
+    from arbiter.report.text import render
+
+    text = " ".join(render(be.report(advice=False), width=400).split())
+    assert "3 interleaved rounds, winner apart from the rest" in text
+
+
+def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, monkeypatch,
+                                                         fresh_dynamo):
+    from arbiter.run.measured import MeasuredGraph
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", _constant({}))  # all equal: no winner apart
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=7))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    assert out.rounds == 7 and out.confident is False

@@ -47,6 +47,7 @@ class Candidate:
     plan: Plan
     estimate_ms: float
     measured_ms: Optional[float] = None  # median of an end-to-end timing, when measured
+    spread_ms: Optional[tuple[float, float]] = None  # its quartiles (run/measured.py)
     also: list[str] = field(default_factory=list)  # labels of candidates equal to this one
     steer: Optional[dict] = None  # refined placements: node name -> backend (measured.py)
     eligible: bool = True  # False: a refinement step that did not beat its base enough
@@ -65,6 +66,9 @@ class PolicyOutcome:
     estimates_ms: dict[str, float] = field(default_factory=dict)  # label -> estimate
     candidates_ms: dict[str, Optional[float]] = field(default_factory=dict)  # None: not timed
     measured_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # partition -> backend -> ms
+    spread_ms: dict[str, list[float]] = field(default_factory=dict)  # label -> [q1, q3] ms
+    rounds: int = 0  # interleaved timing rounds of the whole-graph candidates
+    confident: Optional[bool] = None  # the winner's timings apart from every other's
 
 
 @dataclass

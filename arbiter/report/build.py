@@ -225,6 +225,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
                        for e in g.weight_events],
         weights_as_inputs=g.weights_as_inputs,
         chosen=o.chosen, candidates_ms=dict(o.candidates_ms), estimates_ms=dict(o.estimates_ms),
+        candidates_spread_ms=dict(o.spread_ms), measure_rounds=o.rounds,
+        measure_confident=o.confident,
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),

@@ -152,6 +152,13 @@ class GraphReport(BaseModel):
                                           "(null: not measured)")
     estimates_ms: dict[str, float] = Field(default_factory=dict,
                                            description="policy cost: placement -> estimated ms")
+    candidates_spread_ms: dict[str, list[float]] = Field(
+        default_factory=dict, description="policy measure: placement -> [lower, upper] "
+                                          "quartile of its timings")
+    measure_rounds: int = Field(0, description="policy measure: interleaved timing rounds")
+    measure_confident: Optional[bool] = Field(
+        None, description="policy measure: whether the winner's timings were apart from "
+                          "every other candidate's (its upper quartile below their lower)")
 
 
 class BackendStatus(BaseModel):

@@ -88,8 +88,16 @@ def _graph_tables(report: Report, g: GraphReport):
         t.add_row(*row)
     yield t
     if g.chosen or g.candidates_ms or g.estimates_ms:
-        cands = ", ".join(f"{k} {v:.3f} ms" for k, v in g.candidates_ms.items()
+        def spread(k):
+            q = g.candidates_spread_ms.get(k)
+            return f" [{q[0]:.3f}-{q[1]:.3f}]" if q else ""
+
+        cands = ", ".join(f"{k} {v:.3f} ms{spread(k)}" for k, v in g.candidates_ms.items()
                           if v is not None)  # candidates not measured are left out
+        if g.measure_rounds:
+            cands += (f"; {g.measure_rounds} interleaved rounds, winner "
+                      + ("apart from the rest" if g.measure_confident
+                         else "not apart from the rest (a close call)"))
         est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
         yield _e(f"  policy {g.policy}: chose {g.chosen or '-'}" +
                  (f"; measured: {cands}" if cands else "") +

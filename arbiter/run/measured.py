@@ -29,6 +29,7 @@ would have drawn.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import sys
 import threading
@@ -54,6 +55,10 @@ log = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0
 #: A refinement step is kept only when it beats the best so far by more than this.
 REFINE_MARGIN = 0.03
+#: One timing sample lasts at least this long (several calls of a fast graph).
+SAMPLE_S = 0.002
+#: At most this many calls make one sample.
+MAX_INNER = 50
 
 
 class MeasuredGraph:
@@ -82,6 +87,10 @@ class MeasuredGraph:
         self.chosen: Optional[Candidate] = None
         self.from_cache = False
         self._progress_shown = False
+        self._ready: dict = {}  # label -> (stitched callable, its pieces, calls per sample)
+        self._samples: dict[str, list[float]] = {}  # label -> ms per call, per sample
+        self._rounds_done = 0
+        self._confident: Optional[bool] = None
         self.__name__ = f"measured_{label}"
 
     def __call__(self, *args: Any) -> Any:
@@ -164,15 +173,93 @@ class MeasuredGraph:
             self._progress_shown = True
 
     def _measure_candidates(self, order, args, start, per_part, opts) -> None:
+        """Compile and warm up every candidate the budget allows (priority always), then
+        time them in interleaved rounds (``_rounds``)."""
+        ready = []
         for k, cand in enumerate(order):
             elapsed = time.perf_counter() - start
             if cand.label != PRIORITY and elapsed > opts.time_budget_s:
                 log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
                          "cost estimate", self._label, opts.time_budget_s, len(order) - k)
                 break
-            self._progress(f"{self._label}: measuring candidate {k + 1}/{len(order)} "
+            self._progress(f"{self._label}: compiling candidate {k + 1}/{len(order)} "
                            f"({cand.label}), {elapsed:.1f} s", elapsed)
-            self._time(cand, args, start, per_part)
+            self._prepare(cand, args)
+            ready.append(cand)
+        self._rounds(ready, args, start, per_part, confident_stop=True)
+
+    def _prepare(self, cand: Candidate, args: list) -> None:
+        """Build ``cand`` (pieces shared with the other candidates), run its warm-up calls
+        (the first compiles) and pick how many calls one timing sample takes."""
+        if cand.label in self._ready:
+            return
+        fn, _ = self._build(cand)
+        # The first call compiles; it is never timed, whatever `warmup` says.
+        for _ in range(max(1, self._opts.warmup)):
+            fn(*args)
+        t0 = time.perf_counter()
+        fn(*args)
+        once = time.perf_counter() - t0
+        # a sample of at least SAMPLE_S: a single call of a microsecond graph is noise
+        inner = max(1, min(MAX_INNER, int(SAMPLE_S / max(once, 1e-9))))
+        self._ready[cand.label] = (fn, _pieces(fn), inner)
+        self._samples.setdefault(cand.label, [])
+
+    def _rounds(self, cands: list[Candidate], args: list, start: float, per_part: dict,
+                confident_stop: bool) -> None:
+        """Time ``cands`` in interleaved rounds (each round times each once, the order
+        rotating), so that load and thermal drift fall on all alike. At least
+        ``repeats`` rounds; then, with ``confident_stop``, more until the fastest one's
+        upper quartile is below every other's lower quartile, up to ``max_repeats``
+        rounds or the budget. Each candidate's ``measured_ms`` is the median of all its
+        samples so far."""
+        opts = self._opts
+        if not cands:
+            return
+        part_samples: dict = {}
+        for r in range(max(opts.repeats, opts.max_repeats)):
+            if r >= opts.repeats and (not confident_stop or self._separated(cands)):
+                break
+            shift = r % len(cands)
+            for cand in cands[shift:] + cands[:shift]:
+                fn, pieces, inner = self._ready[cand.label]
+                for p in pieces:
+                    p.timed = True
+                before = {p: p.record.run_s for p in pieces}
+                self._samples[cand.label].append(self._sample(cand, fn, inner, args))
+                for p in pieces:
+                    p.timed = False
+                    part_samples.setdefault(p, []).append(
+                        (p.record.run_s - before[p]) * 1e3 / inner)
+            self._rounds_done = max(self._rounds_done, r + 1)
+            if time.perf_counter() - start > opts.time_budget_s:
+                break  # out of budget: fewer rounds beat none
+        for p, xs in part_samples.items():
+            per_part[(p.record.backend, p.node_names)] = statistics.median(xs)
+        for cand in cands:
+            xs = self._samples[cand.label]
+            cand.measured_ms = statistics.median(xs)
+            cand.spread_ms = _quartiles(xs)
+        self._confident = self._separated(cands)
+
+    @staticmethod
+    def _sample(cand: Candidate, fn: Callable, inner: int, args: list) -> float:
+        """One timing sample of ``cand``: milliseconds per call over ``inner`` calls."""
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn(*args)
+        return (time.perf_counter() - t0) * 1e3 / inner
+
+    def _separated(self, cands: list[Candidate]) -> bool:
+        """Whether the fastest candidate's samples are clearly apart from every other's:
+        its upper quartile below their lower quartiles."""
+        stats = [(statistics.median(xs), _quartiles(xs)) for xs in
+                 (self._samples[c.label] for c in cands) if len(xs) >= 2]
+        if len(stats) < 2:
+            return True
+        stats.sort()
+        best_hi = stats[0][1][1]
+        return all(best_hi < lo for _, (lo, _) in stats[1:])
 
     # -- refinement (Collage-style) ------------------------------------------------
     def _steered_plan(self, prefer: dict) -> Plan:
@@ -242,40 +329,22 @@ class MeasuredGraph:
     def _beats(self, cand: Candidate, best: Candidate, args: list, start: float,
                per_part: dict) -> bool:
         """Whether a refinement step beats the best so far by more than REFINE_MARGIN, in
-        its first timing and again when both are timed once more: a challenger must win
-        twice. On graphs of microseconds one timing's noise exceeds the margin (a test
-        backend's graph moved one op to eager on noise alone in 5 of 12 runs)."""
+        its first interleaved timing and again when both are timed once more: a
+        challenger must win twice. On graphs of microseconds one timing's noise exceeds
+        the margin (a test backend's graph moved one op to eager on noise alone in 5 of 12
+        runs before this rule)."""
         if not cand.measured_ms < best.measured_ms * (1 - REFINE_MARGIN):
             return False
-        self._time(best, args, start, per_part)
-        self._time(cand, args, start, per_part)
+        self._samples[cand.label] = []
+        self._samples[best.label] = []
+        self._rounds([best, cand], args, start, per_part, confident_stop=False)
         return cand.measured_ms < best.measured_ms * (1 - REFINE_MARGIN)
 
     def _time(self, cand: Candidate, args: list, start: float, per_part: dict) -> None:
-        opts = self._opts
-        fn, records = self._build(cand)
-        pieces = _pieces(fn)
-        # The first call compiles; it is never timed, whatever `warmup` says.
-        for _ in range(max(1, opts.warmup)):
-            fn(*args)
-        samples: list[float] = []
-        part_samples: dict = {}
-        for _ in range(opts.repeats):
-            for p in pieces:
-                p.timed = True
-            before = {p: p.record.run_s for p in pieces}
-            t0 = time.perf_counter()
-            fn(*args)
-            samples.append((time.perf_counter() - t0) * 1e3)
-            for p in pieces:
-                p.timed = False
-                part_samples.setdefault(p, []).append((p.record.run_s - before[p]) * 1e3)
-            if time.perf_counter() - start > opts.time_budget_s and len(samples) >= 1:
-                break  # out of budget: a shorter median beats none
-        for p, xs in part_samples.items():
-            per_part[(p.record.backend, p.node_names)] = \
-                statistics.median(xs)
-        cand.measured_ms = statistics.median(samples)
+        """One candidate on its own (a refinement step's first timing), beside the best
+        so far when there is one: interleaved with it."""
+        self._prepare(cand, args)
+        self._rounds([cand], args, start, per_part, confident_stop=False)
 
     def _pick(self) -> Candidate:
         measured = [c for c in self.candidates if c.measured_ms is not None]
@@ -304,12 +373,25 @@ class MeasuredGraph:
         outcome.candidates_ms = {label: (round(c.measured_ms, 4) if c.measured_ms is not None
                                          else None)
                                  for c in self.candidates for label in c.labels}
+        outcome.spread_ms = {label: [round(v, 4) for v in c.spread_ms]
+                             for c in self.candidates if c.spread_ms is not None
+                             for label in c.labels}
+        outcome.rounds = self._rounds_done
+        outcome.confident = self._confident
         outcome.chosen = chosen.label
         self._install_plan(plan, records)
         self.chosen = chosen
         self._fn = fn
         log.info("%s: policy measure chose %s%s", self._label, chosen.label,
                  f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    """(lower, upper) quartile; both the value itself for one sample."""
+    if len(xs) < 2:
+        return (xs[0], xs[0]) if xs else (math.nan, math.nan)
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q[0], q[2])
 
 
 def _pieces(fn: Any) -> list:
