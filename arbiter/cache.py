@@ -23,10 +23,12 @@ one warning.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,7 +77,7 @@ class Cache:
             return None
         path = self.path(kind, key)
         try:
-            raw = path.read_bytes()
+            raw = _read_entry(path, MAX_ENTRY_BYTES)
         except FileNotFoundError:
             self.misses += 1
             return None
@@ -83,7 +85,7 @@ class Cache:
             log.warning("arbiter cache: cannot read %s (%s); rebuilding", path, exc)
             self.misses += 1
             return None
-        why = _check(raw, kind, key)
+        why = raw if isinstance(raw, str) else _check(raw, kind, key)
         if isinstance(why, str):
             self.rejected += 1
             self.misses += 1
@@ -125,6 +127,41 @@ class Cache:
 
     def put_json(self, kind: str, key: str, value: Any) -> None:
         self.put(kind, key, json.dumps(value, sort_keys=True).encode())
+
+
+#: Largest entry read (one GPT-2 small ONNX model is 0.5 GB).
+MAX_ENTRY_BYTES = 8 * 1024 ** 3
+
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_entry(path: Path, limit: int):
+    """An entry's bytes, or a string saying why it is not read: it must be a regular
+    file, not a symbolic link (``O_NOFOLLOW``), at most ``limit`` bytes. A FIFO is
+    opened without blocking (``O_NONBLOCK``) and refused on its ``fstat``, never read.
+    FileNotFoundError and other OSErrors propagate."""
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link (entries must be regular files)"
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"not a regular file (mode {stat.filemode(st.st_mode)})"
+        if st.st_size > limit:
+            return f"larger than {limit:,} bytes ({st.st_size:,})"
+        chunks, left = [], st.st_size + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _check(raw: bytes, kind: str, key: str):
