@@ -222,7 +222,14 @@ def validation_error(located: Located, exc, model, cls: type[ConfigError] = Conf
 
     ``prefix`` is where ``model`` sits in the file (a backend's options, say).
     """
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    if err["type"] == "missing":
+        # a required key missing beside an unknown one is usually its misspelling
+        # (`{rtol: 1, atl: 1}`): name the unknown key, which says what to fix
+        extra = next((e for e in errors if e["type"] == "extra_forbidden"
+                      and tuple(e["loc"][:-1]) == tuple(err["loc"][:-1])), None)
+        err = extra or err
     loc = tuple(err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
