@@ -73,7 +73,14 @@ class CacheOptions(BaseModel):
 
     enabled: bool = Field(True, description="read and write the cache")
     dir: Optional[str] = Field(None, description="cache directory; default "
-                               "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter")
+                               "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter. It must be "
+                               "yours (or root's) and writable by no one else, or the "
+                               "cache is off with a warning (entries are run as code); "
+                               "one you cannot write (baked into an image) is used "
+                               "read-only")
+    max_size_gb: StrictFloat = Field(10.0, gt=0, description="bound on the entries' total "
+                                     "size: the least recently used are evicted after a "
+                                     "write (`arbiter cache` lists and clears them)")
 
 
 class Tolerance(BaseModel):
