@@ -77,7 +77,8 @@ class Arbiter:
             self.backends[name] = backend
         # The persistent cache (decisions and artifacts); None when off or unusable.
         self.cache = None if dry_run else cache_from_options(self.config.cache.enabled,
-                                                             self.config.cache.dir)
+                                                             self.config.cache.dir,
+                                                             self.config.cache.max_size_gb)
         for backend in self.backends.values():
             backend.artifact_cache = self.cache
         self.planner = Planner(

@@ -18,17 +18,32 @@ A key (``fingerprint``) hashes everything that changes what is built:
 * the caller's ``parts``: backend name, version and options, torch's version.
 
 The directory is the config's ``cache.dir``, else ``$ARBITER_CACHE_DIR``, else
-``~/.cache/torch-arbiter``. A directory that cannot be written disables the cache, with
-one warning.
+``~/.cache/torch-arbiter`` (created mode 0700).
+
+Trust: an entry is run as code (an ONNX model is executed, a decision chooses what runs),
+and its checksum only catches accidents: whoever can write the directory can write a
+valid entry. So the cache is used only when the directory, every directory above it
+(sticky ones such as /tmp excepted) and every entry are owned by this user or root and
+writable by no one else, as ssh requires of ~/.ssh (``untrusted``); otherwise it is off,
+with a warning saying which path and why. A trusted directory this process cannot write
+(an image's baked cache) is used read-only. An entry that loads but then fails (to
+compile, run or verify) is evicted (``evict``) so later processes rebuild it; the total
+size is bounded (``max_bytes``, least recently used evicted first: a hit refreshes an
+entry's mtime). ``arbiter cache`` lists, sizes and clears entries.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,6 +54,8 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 ENV_DIR = "ARBITER_CACHE_DIR"
+#: Default bound on the entries' total size (config ``cache.max_size_gb``).
+DEFAULT_MAX_BYTES = 10 * 1024 ** 3
 
 
 def default_dir() -> Path:
@@ -49,23 +66,51 @@ def default_dir() -> Path:
 
 
 class Cache:
-    """Entries by (kind, key). ``enabled`` is False when the directory is unusable."""
+    """Entries by (kind, key); see the module docstring for the trust model.
 
-    def __init__(self, directory: Optional[os.PathLike] = None):
+    ``enabled`` is False when the directory is unusable or untrusted; ``writable`` is
+    False for a trusted directory this process cannot write (an image's baked cache):
+    it is then read, never written, and nothing in it is removed. ``max_bytes`` bounds
+    the entries' total size (least recently used evicted first; None: no bound).
+    """
+
+    def __init__(self, directory: Optional[os.PathLike] = None,
+                 max_bytes: Optional[int] = DEFAULT_MAX_BYTES):
         self.dir = Path(directory).expanduser() if directory else default_dir()
+        self.max_bytes = max_bytes
         self.enabled = True
+        self.writable = True
         self.hits = 0
         self.misses = 0
-        self.rejected = 0  # corrupt or foreign entries ignored
+        self.rejected = 0  # corrupt, foreign or untrusted entries ignored
+        self.evicted = 0  # entries removed: failed at run time, or over the size limit
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            _makedirs_private(self.dir)
+        except OSError as exc:
+            if not self.dir.is_dir():
+                self._disable(f"cannot create {self.dir} ({exc})")
+                return
+        why = untrusted(self.dir)
+        if why:
+            self._disable(f"{self.dir} is not trusted: {why}. Entries are run as code, so "
+                          "the directory and those above it must be writable by you alone "
+                          "(as ssh requires of ~/.ssh: `chmod go-w` fixes a mode)")
+            return
+        try:
             with tempfile.NamedTemporaryFile(dir=self.dir, prefix=".probe-"):
                 pass
         except OSError as exc:
-            self.enabled = False
-            log.warning("arbiter cache disabled: cannot write to %s (%s); set cache.dir in "
-                        "the config or $%s to a writable directory, or cache.enabled: false",
-                        self.dir, exc, ENV_DIR)
+            if os.access(self.dir, os.R_OK | os.X_OK):
+                self.writable = False
+                log.info("arbiter cache: %s is read-only here (%s); using its entries "
+                         "without writing", self.dir, exc)
+            else:
+                self._disable(f"cannot use {self.dir} ({exc})")
+
+    def _disable(self, why: str) -> None:
+        self.enabled = False
+        log.warning("arbiter cache disabled: %s; set cache.dir in the config or $%s to a "
+                    "directory of yours, or cache.enabled: false", why, ENV_DIR)
 
     def path(self, kind: str, key: str) -> Path:
         return self.dir / kind / key[:2] / f"{key}.bin"
@@ -75,7 +120,7 @@ class Cache:
             return None
         path = self.path(kind, key)
         try:
-            raw = path.read_bytes()
+            raw = _read_entry(path, self._entry_limit())
         except FileNotFoundError:
             self.misses += 1
             return None
@@ -83,33 +128,90 @@ class Cache:
             log.warning("arbiter cache: cannot read %s (%s); rebuilding", path, exc)
             self.misses += 1
             return None
-        why = _check(raw, kind, key)
+        why = raw if isinstance(raw, str) else (
+            untrusted(path.parent, stop=self.dir) or _check(raw, kind, key))
         if isinstance(why, str):
             self.rejected += 1
             self.misses += 1
             log.warning("arbiter cache: ignoring %s entry %s: %s; rebuilding it", kind, path, why)
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            self._remove(path)
             return None
         self.hits += 1
+        served = _SERVED.get()
+        if served is not None:
+            served.append((self, kind, key))
+        if self.writable:  # least recently used goes first: a hit is a use
+            try:
+                os.utime(path)
+            except OSError:
+                pass
         return why
 
     def put(self, kind: str, key: str, payload: bytes) -> None:
-        if not self.enabled:
+        if not self.enabled or not self.writable:
             return
         header = json.dumps({"format": FORMAT, "kind": kind, "key": key, "length": len(payload),
                              "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        size = len(header) + 1 + len(payload)
         path = self.path(kind, key)
+        if self.max_bytes is not None and size > self.max_bytes:
+            log.warning("arbiter cache: not storing %s entry %s: %d bytes is more than the "
+                        "cache's limit of %d (cache.max_size_gb)", kind, key, size,
+                        self.max_bytes)
+            return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            _makedirs_private(path.parent)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")  # mode 0600
             with os.fdopen(fd, "wb") as f:
                 f.write(header + b"\n" + payload)
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("arbiter cache: cannot write %s (%s); continuing without it", path, exc)
+            return
+        if self.max_bytes is not None:
+            self.shrink(self.max_bytes, keep=path)
+
+    def evict(self, kind: str, key: str, why: str) -> None:
+        """Remove an entry that loaded but failed (to compile, run, or verify): kept, it
+        would fail again in every later process."""
+        if not self.enabled or not self.writable:
+            return
+        path = self.path(kind, key)
+        if os.path.lexists(path):
+            log.warning("arbiter cache: removing %s entry %s: %s", kind, path, why)
+            self.evicted += 1
+            self._remove(path)
+
+    def shrink(self, max_bytes: int, keep: Optional[Path] = None) -> int:
+        """Remove the least recently used entries until the total is at most
+        ``max_bytes`` (``keep`` stays); returns the bytes removed."""
+        found = entries(self.dir)
+        total = sum(e.size for e in found)
+        removed = 0
+        for e in sorted(found, key=lambda e: e.mtime_ns):
+            if total <= max_bytes:
+                break
+            if keep is not None and e.path == keep:
+                continue
+            if self._remove(e.path):
+                total -= e.size
+                removed += e.size
+                self.evicted += 1
+                log.info("arbiter cache: evicted %s (%d bytes, least recently used) to "
+                         "stay under %d bytes", e.path, e.size, max_bytes)
+        return removed
+
+    def _remove(self, path: Path) -> bool:
+        if not self.writable:
+            return False
+        try:
+            path.unlink()
+            return True
+        except OSError:
+            return False
+
+    def _entry_limit(self) -> int:
+        return min(MAX_ENTRY_BYTES, self.max_bytes) if self.max_bytes else MAX_ENTRY_BYTES
 
     # JSON decisions are small entries of the same store.
     def get_json(self, kind: str, key: str) -> Optional[Any]:
@@ -125,6 +227,152 @@ class Cache:
 
     def put_json(self, kind: str, key: str, value: Any) -> None:
         self.put(kind, key, json.dumps(value, sort_keys=True).encode())
+
+
+#: Entries served while a ``served()`` block is active in this context.
+_SERVED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
+    "arbiter_cache_served", default=None)
+
+
+@contextlib.contextmanager
+def served():
+    """Collect ``(cache, kind, key)`` of every entry ``Cache.get`` serves inside the
+    block (this context: a thread started inside must run in a copy of it). A piece
+    wraps a backend's compile in it, to evict what it loaded if the result fails."""
+    found: list = []
+    token = _SERVED.set(found)
+    try:
+        yield found
+    finally:
+        _SERVED.reset(token)
+
+
+def _makedirs_private(d: Path) -> None:
+    """Create ``d`` and any missing parent with mode 0700 (mkdir(parents=True) would give
+    the parents the umask's mode, possibly group-writable, which ``untrusted`` refuses)."""
+    missing = []
+    for p in (d, *d.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            p.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+
+
+# -- trust -------------------------------------------------------------------------------
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.geteuid(), 0)
+
+
+def untrusted(directory: os.PathLike, stop: Optional[os.PathLike] = None) -> str:
+    """Why ``directory`` cannot be trusted to hold entries, or "".
+
+    Trusted: owned by this user or root and writable by no one else, and so is every
+    directory above it, except that a directory above may be writable by others when its
+    sticky bit is set (``/tmp``): no one else can then move or replace what is in it.
+    With ``stop`` (the cache's root), only the directories up to it are checked, all
+    strictly (an entry's own folders). Symbolic links are resolved first."""
+    real = Path(os.path.realpath(directory))
+    stop_real = Path(os.path.realpath(stop)) if stop is not None else None
+    first = True
+    for d in (real, *real.parents):
+        try:
+            st = os.stat(d)
+        except OSError as exc:
+            return f"cannot stat {d} ({exc})"
+        if not _trusted_owner(st.st_uid):
+            return f"{d} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}) or root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if first or stop_real is not None or not st.st_mode & stat.S_ISVTX:
+                who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+                return f"{d} is writable by {who} (mode {stat.filemode(st.st_mode)})"
+        first = False
+        if stop_real is not None and d == stop_real:
+            break
+    return ""
+
+
+# -- listing (arbiter cache) ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """One entry file: its kind, key, path, size and last use (mtime)."""
+
+    kind: str
+    key: str
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+def entries(directory: os.PathLike) -> list[Entry]:
+    """Every entry file under ``directory`` (``<kind>/<xx>/<key>.bin``), unread."""
+    root = Path(directory)
+    out = []
+    try:
+        kinds = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return out
+    for kind in kinds:
+        if not kind.is_dir(follow_symlinks=False) or kind.name.startswith("."):
+            continue
+        for sub in os.scandir(kind.path):
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            for f in os.scandir(sub.path):
+                if not f.name.endswith(".bin") or f.name.startswith("."):
+                    continue
+                try:
+                    st = f.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out.append(Entry(kind.name, f.name[:-4], Path(f.path), st.st_size,
+                                 st.st_mtime_ns))
+    return out
+
+
+#: Largest entry read (one GPT-2 small ONNX model is 0.5 GB).
+MAX_ENTRY_BYTES = 8 * 1024 ** 3
+
+_O_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_entry(path: Path, limit: int):
+    """An entry's bytes, or a string saying why it is not read: it must be a regular
+    file, not a symbolic link (``O_NOFOLLOW``), owned by this user or root and writable
+    by no one else (checked on the open file), at most ``limit`` bytes. A FIFO is
+    opened without blocking (``O_NONBLOCK``) and refused on its ``fstat``, never read.
+    FileNotFoundError and other OSErrors propagate."""
+    try:
+        fd = os.open(path, _O_READ)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link (entries must be regular files)"
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"not a regular file (mode {stat.filemode(st.st_mode)})"
+        if not _trusted_owner(st.st_uid):
+            return (f"owned by uid {st.st_uid}, not by you (uid {os.geteuid()}) or root "
+                    "(entries are run as code)")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return (f"writable by others (mode {stat.filemode(st.st_mode)}; entries are run "
+                    "as code)")
+        if st.st_size > limit:
+            return f"larger than {limit:,} bytes ({st.st_size:,})"
+        chunks, left = [], st.st_size + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _check(raw: bytes, kind: str, key: str):
@@ -245,9 +493,11 @@ def fingerprint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], parts: 
     return h.hexdigest()
 
 
-def from_options(enabled: bool, directory: Optional[str]) -> Optional[Cache]:
-    """The cache a config asks for, or None (disabled or unusable)."""
+def from_options(enabled: bool, directory: Optional[str],
+                 max_size_gb: Optional[float] = None) -> Optional[Cache]:
+    """The cache a config asks for, or None (disabled, unusable or untrusted)."""
     if not enabled:
         return None
-    cache = Cache(directory)
+    cache = Cache(directory, DEFAULT_MAX_BYTES if max_size_gb is None
+                  else int(max_size_gb * 1024 ** 3))
     return cache if cache.enabled else None

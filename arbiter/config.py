@@ -24,7 +24,8 @@ import importlib.resources
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError,
+                      field_validator)
 
 from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
                      did_you_mean, require_known, unknown_name)
@@ -52,15 +53,15 @@ class MeasureOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    time_budget_s: float = Field(120.0, gt=0, description="no new candidate is started "
+    time_budget_s: StrictFloat = Field(120.0, gt=0, description="no new candidate is started "
                                  "after this long per graph (compiles included); what is "
                                  "left unmeasured is ranked by `cost`")
-    repeats: int = Field(5, ge=1, description="interleaved timing rounds (each times every "
-                         "candidate once, the order rotating); the median counts")
-    max_repeats: int = Field(15, ge=1, description="more rounds, up to this many, while the "
-                             "fastest candidate's quartiles overlap another's (within "
-                             "`time_budget_s`)")
-    warmup: int = Field(2, ge=0, description="untimed runs before timing (at least one "
+    repeats: StrictInt = Field(5, ge=1, description="interleaved timing rounds (each times "
+                               "every candidate once, the order rotating); the median counts")
+    max_repeats: StrictInt = Field(15, ge=1, description="more rounds, up to this many, while "
+                                   "the fastest candidate's quartiles overlap another's "
+                                   "(within `time_budget_s`)")
+    warmup: StrictInt = Field(2, ge=0, description="untimed runs before timing (at least one "
                         "always runs: it compiles)")
     refine: bool = Field(True, description="after the whole-graph candidates, move one "
                          "partition of the best at a time to another able backend, keeping "
@@ -76,7 +77,14 @@ class CacheOptions(BaseModel):
 
     enabled: bool = Field(True, description="read and write the cache")
     dir: Optional[str] = Field(None, description="cache directory; default "
-                               "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter")
+                               "$ARBITER_CACHE_DIR or ~/.cache/torch-arbiter. It must be "
+                               "yours (or root's) and writable by no one else, or the "
+                               "cache is off with a warning (entries are run as code); "
+                               "one you cannot write (baked into an image) is used "
+                               "read-only")
+    max_size_gb: StrictFloat = Field(10.0, gt=0, description="bound on the entries' total "
+                                     "size: the least recently used are evicted after a "
+                                     "write (`arbiter cache` lists and clears them)")
 
 
 class Tolerance(BaseModel):
@@ -84,8 +92,8 @@ class Tolerance(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rtol: float = Field(ge=0, description="relative tolerance")
-    atol: float = Field(ge=0, description="absolute tolerance")
+    rtol: StrictFloat = Field(ge=0, description="relative tolerance")
+    atol: StrictFloat = Field(ge=0, description="absolute tolerance")
 
 
 class VerifyOptions(BaseModel):
@@ -96,7 +104,7 @@ class VerifyOptions(BaseModel):
     mode: Literal["off", "first", "every"] = Field(
         "off", description="`first`: check each partition's first call; `every`: every "
                            "`every_n` calls")
-    every_n: int = Field(100, ge=1, description="with mode `every`: check one call in N "
+    every_n: StrictInt = Field(100, ge=1, description="with mode `every`: check one call in N "
                          "(the first call of each compiled backend included)")
     tolerances: dict[str, Tolerance] = Field(
         default_factory=dict, description="dtype name -> {rtol, atol}, overriding the "
@@ -115,9 +123,11 @@ class ResourcesOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    threads: Union[Literal["auto"], int] = Field(
+    threads: Union[Literal["auto"], StrictInt] = Field(
         "auto", description="intra-op threads each backend may use while it runs "
-        "(partitions run one at a time); `auto`: the CPUs this process may run on")
+        "(partitions run one at a time); `auto`: the CPUs this process may run on. "
+        "More than that is reduced to it, with a warning (threads beyond the cores only "
+        "compete; 100,000 once exhausted the host's process table)")
     spin: str = Field(
         "auto", description="the one backend whose idle threads may keep spinning after "
         "a run (lower latency for itself, stolen cores for the others); `none`: no "
@@ -129,12 +139,12 @@ class ResourcesOptions(BaseModel):
     coordinate: bool = Field(True, description="false: leave every backend's threads, "
                              "spinning and arenas at its own defaults (no budget)")
 
-    @field_validator("threads")
+    @field_validator("threads", mode="wrap")
     @classmethod
-    def _positive(cls, v: Union[str, int]) -> Union[str, int]:
-        if isinstance(v, int) and v < 1:
-            raise ValueError(f"threads must be `auto` or an int >= 1, not {v}")
-        return v
+    def _positive(cls, v: Any, handler) -> Union[str, int]:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"threads must be `auto` or an integer >= 1, not {v!r}")
+        return handler(v)
 
     @field_validator("spin")
     @classmethod
@@ -167,7 +177,7 @@ class Config(BaseModel):
                                   description="accuracy checks against eager ATen")
     resources: ResourcesOptions = Field(default_factory=ResourcesOptions,
                                         description="one thread budget and arena per process")
-    min_block_size: int = Field(
+    min_block_size: StrictInt = Field(
         3, ge=1, description="a partition with fewer compute nodes is handed to the next "
                              "backend able to run its nodes (eager is exempt)")
     exclude_ops: list[str] = Field(
@@ -184,7 +194,7 @@ class Config(BaseModel):
                           "constants (folded, prepacked); every call checks that the model "
                           "still holds those weights, and re-freezes when it does not "
                           "(another instance, load_state_dict, an optimizer step)")
-    refreeze_limit: int = Field(
+    refreeze_limit: StrictInt = Field(
         3, ge=0, description="times one graph is re-frozen when its weights change; "
                              "after that it takes its weights as inputs (no constants)")
     source: Optional[str] = Field(None, exclude=True,
@@ -250,6 +260,10 @@ def _check_semantics(config: Config, located: Located) -> Config:
                 resolve(op)
             except UnknownOpError as exc:
                 raise located.error((key, i), str(exc)) from None
+            if key == "decompositions":
+                why = _no_decomposition(op)
+                if why:
+                    raise located.error((key, i), why)
     for op, backend in config.pin.items():
         try:
             resolve(op)
@@ -259,6 +273,26 @@ def _check_semantics(config: Config, located: Located) -> Config:
             raise located.error(("pin", op), f"backend {backend!r} is not in this config"
                                 f"{did_you_mean(backend, chain)}; configured: {', '.join(chain)}")
     return config
+
+
+def _no_decomposition(op: str) -> str:
+    """Why ``op`` (resolved) cannot be decomposed, or "": PyTorch's decomposition table
+    (``torch._decomp``, what arbiter.run.lower applies) must hold it or an overload."""
+    import torch
+    from torch._decomp import decomposition_table
+
+    ns, base, *rest = op.split(".")
+    packet = getattr(getattr(torch.ops, ns), base)
+    target = getattr(packet, rest[0]) if rest else packet
+    names = set()
+    for o in decomposition_table:
+        if not isinstance(o, torch._ops.OpOverload):
+            continue
+        if o == target or o.overloadpacket == target:
+            return ""
+        names.add(f"{o.namespace}.{o.overloadpacket.__name__}")
+    return (f"{op} has no decomposition in PyTorch's table (torch._decomp), so listing it "
+            f"changes nothing{did_you_mean(f'{ns}.{base}', sorted(names))}")
 
 
 def shipped_configs() -> dict[str, Path]:

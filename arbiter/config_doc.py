@@ -29,18 +29,32 @@ arbiter/config.py and the backends' Options; edit those, not this file. -->
 
 A config is YAML, a dict, or an `arbiter.Config`. `arbiter.load_config(src)` accepts a path,
 the name of a shipped config (`default`, `cpu`, `cpu_all`), a dict, a Config, or None (the
-embedded default). Unknown keys are errors. A config is trusted input: it names the
-backends and their options that run in this process.
+embedded default). Unknown keys are errors; so are booleans where a number is wanted.
+
+A config is trusted input: it names the backends, and the options, that run in this
+process, so load only configs you would run as code. What arbiter still refuses from one
+(docs/robustness.md, "Hostile input"): files that are not regular or are over 8 MiB, YAML
+nested deeper than 64 or whose aliases expand past 500,000 nodes, thread counts over the
+CPUs this process may use (reduced, with a warning), Inductor `options` that name
+programs, paths, compiler flags or code unless listed in `trusted_options`, and unknown
+Inductor keys, Inductor modes, ONNX Runtime providers and OpenVINO devices.
 """
 
 _TAIL = """
 Errors: `arbiter.ConfigError` with `.file`, `.key`, `.line`; message like
 `my.yaml:4: min_blok_size: unknown key 'min_blok_size' (did you mean 'min_block_size'?); valid keys: ...`.
+`arbiter.Arbiter(config)` and `arbiter.load_config` raise it at once; through
+`torch.compile(model, backend="arbiter", options={"config": ...})` the config is read at
+the first call, and the error is raised there as itself (not wrapped in Dynamo's
+`BackendCompilerFailed`), so `except arbiter.ConfigError` catches it.
 """
 
 
 def _type(field) -> str:
+    import re
+
     text = str(field.annotation).replace("typing.", "")
+    text = re.sub(r"Annotated\[(\w+), Strict\(strict=True\)\]", r"\1", text)
     for noise in ("arbiter.config.", "<class '", "'>"):
         text = text.replace(noise, "")
     for m in field.metadata:  # annotated-types bounds: Ge(ge=1) -> ">= 1"

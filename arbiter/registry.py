@@ -169,6 +169,29 @@ class Backend:
         return blob
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def bounded_threads(requested: int, what: str) -> int:
+    """``requested`` threads, at most ``usable_cpus()`` (with a warning naming ``what``):
+    more only compete for the same cores, and a config asking for 100,000 once made
+    threads until every process on the host got EAGAIN. For backends' thread options
+    and the process's budget (arbiter/run/resources.py)."""
+    limit = usable_cpus()
+    if requested > limit:
+        log.warning("%s: %d threads asked for, but this process may run on %d CPUs; "
+                    "using %d", what, requested, limit, limit)
+        return limit
+    return requested
+
+
 _REGISTRY: dict[str, type[Backend]] = {}
 _discovered = False
 _lock = threading.RLock()

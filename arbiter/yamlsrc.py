@@ -1,12 +1,24 @@
-"""YAML loading that remembers where every key came from.
+"""YAML loading that remembers where every key came from, and reads bounded input.
 
 pydantic reports errors by key path (``("backends", 1, "name")``); users need the line in
 their file. We compose the YAML node tree once and keep a map from key path to line, so
 every error can say ``my.yaml:7: backends[1].name: ...``.
+
+A config or manifest may come from anyone, so what is read is bounded before anything
+expands it (docs/robustness.md): regular files only (a FIFO would block, ``/dev/zero``
+never ends; opened with ``O_NONBLOCK`` and checked with ``fstat``), at most
+``MAX_BYTES``; then one pass over the parser's events (libyaml's parser is iterative)
+refuses nesting deeper than ``MAX_DEPTH`` (the composer recurses in C: 100,000 nested
+lists crashed the process) and documents whose aliases expand to more than ``MAX_NODES``
+nodes (a 0.5 KB "billion laughs" expands to 387 million). Only then is the node tree
+composed. The loader is PyYAML's safe one: no tag constructs a Python object.
 """
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +62,61 @@ class Located:
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+#: Largest file read (the biggest shipped manifest is 0.16 MB).
+MAX_BYTES = 8 * 1024 * 1024
+#: Deepest nesting of lists and mappings (configs and manifests nest 5 deep).
+MAX_DEPTH = 64
+#: Most nodes after expanding aliases (the biggest shipped manifest has 15,000).
+MAX_NODES = 500_000
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What ``scan`` saw: nodes after alias expansion, and the deepest nesting."""
+
+    nodes: int
+    depth: int
+
+
+def scan(text: str, file: str = "<string>") -> Stats:
+    """Check ``text``'s nesting depth and alias-expanded size from the parser's events,
+    before anything is composed or expanded; ConfigError past a bound."""
+    expanded = 0  # nodes the document would have with every alias expanded
+    deepest = 0
+    open_: list[tuple[int, Any]] = []  # per open collection: (expanded at start, anchor)
+    anchors: dict[str, int] = {}  # anchor -> expanded size of its node
+    for ev in yaml.parse(text, Loader=_Loader):
+        if isinstance(ev, yaml.AliasEvent):
+            size = anchors.get(ev.anchor)
+            if size is None:
+                continue  # an undefined alias: the composer reports it with its line
+            expanded += size
+        elif isinstance(ev, yaml.ScalarEvent):
+            expanded += 1
+            if ev.anchor is not None:
+                anchors[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            open_.append((expanded, ev.anchor))
+            expanded += 1
+            deepest = max(deepest, len(open_))
+            if len(open_) > MAX_DEPTH:
+                raise ConfigError(f"lists and mappings nest deeper than {MAX_DEPTH} levels",
+                                  file=file, line=ev.start_mark.line + 1)
+            continue
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            start, anchor = open_.pop()
+            if anchor is not None:
+                anchors[anchor] = expanded - start
+            continue
+        else:
+            continue
+        if expanded > MAX_NODES:
+            raise ConfigError(f"aliases expand the document past {MAX_NODES:,} nodes "
+                              f"(alias *{ev.anchor})" if isinstance(ev, yaml.AliasEvent)
+                              else f"the document has more than {MAX_NODES:,} nodes",
+                              file=file, line=ev.start_mark.line + 1)
+    return Stats(expanded, deepest)
+
 
 def _index(node: yaml.Node, path: KeyPath, lines: dict, file: str) -> None:
     """Record the line of every key path under ``node``; reject duplicate keys."""
@@ -77,8 +144,13 @@ def _index(node: yaml.Node, path: KeyPath, lines: dict, file: str) -> None:
 def load_text(text: str, file: str = "<string>") -> Located:
     """Parse YAML text; syntax errors become ConfigError with file and line."""
     try:
-        root = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
+        scan(text, file)
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -93,13 +165,53 @@ def load_text(text: str, file: str = "<string>") -> Located:
     return Located(data, lines, file)
 
 
-def load_file(path: str | Path) -> Located:
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory",
+          stat.S_IFSOCK: "a socket"}
+
+
+def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit``;
+    ConfigError for anything else, without blocking on a FIFO or reading a device."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc}", file=str(path)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a file")
+            raise ConfigError(f"not a regular file ({kind}); give the path of a YAML file",
+                              file=str(path))
+        if st.st_size > limit:
+            raise ConfigError(f"file is larger than {limit:,} bytes ({st.st_size:,})",
+                              file=str(path))
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc}", file=str(path)) from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew while we read
+        raise ConfigError(f"file is larger than {limit:,} bytes", file=str(path))
+    return data
+
+
+def load_file(path: str | Path) -> Located:
+    path = Path(path)
+    raw = read_regular(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"cannot read file: {exc}", file=str(path)) from None
     return load_text(text, str(path))
 
@@ -110,7 +222,14 @@ def validation_error(located: Located, exc, model, cls: type[ConfigError] = Conf
 
     ``prefix`` is where ``model`` sits in the file (a backend's options, say).
     """
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    if err["type"] == "missing":
+        # a required key missing beside an unknown one is usually its misspelling
+        # (`{rtol: 1, atl: 1}`): name the unknown key, which says what to fix
+        extra = next((e for e in errors if e["type"] == "extra_forbidden"
+                      and tuple(e["loc"][:-1]) == tuple(err["loc"][:-1])), None)
+        err = extra or err
     loc = tuple(err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":

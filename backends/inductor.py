@@ -9,12 +9,13 @@ specialized to those shapes: the manifest says ``dynamic: false``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from arbiter.registry import Backend, register_backend
+from arbiter.errors import require_known, unknown_name
+from arbiter.registry import Backend, bounded_threads, register_backend
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +23,133 @@ log = logging.getLogger(__name__)
 class InductorOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    mode: Optional[str] = Field(None, description="torch.compile mode: default, "
-                                "reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
-    options: dict[str, Any] = Field(default_factory=dict,
-                                    description="torch._inductor.config overrides")
+    mode: Optional[Literal["default", "reduce-overhead", "max-autotune",
+                           "max-autotune-no-cudagraphs"]] = Field(
+        None, description="torch.compile mode (the max-autotune modes turn on "
+        "`max_autotune`)")
+    trusted_options: list[str] = Field(
+        default_factory=list, description="keys of `options` you allow although they name "
+        "programs, paths or flags Inductor runs or loads (one by one: only write this in a "
+        "config you wrote yourself)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="torch._inductor.config overrides, checked "
+        "against Inductor's config: an unknown key or a value of the wrong type is a "
+        "config error. Keys whose values are free text (programs, paths, compiler flags: "
+        "`cpp.cxx`, `global_cache_dir`, `cpp.march`...) or code, and Inductor's private and "
+        "testing keys, are refused unless listed in `trusted_options`: a config that sets "
+        "`cpp.cxx` runs that program")
+
+    @field_validator("trusted_options")
+    @classmethod
+    def _known_trusted(cls, v: list[str]) -> list[str]:
+        require_known("torch._inductor.config key", v, _inductor_keys())
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _checked(cls, v: dict[str, Any], info) -> dict[str, Any]:
+        return _check_options(v, info.data.get("trusted_options") or [])
+
+
+def _inductor_keys() -> list[str]:
+    from torch._inductor import config as inductor_config
+
+    return list(inductor_config._config)
+
+
+def _unsafe(key: str, entry) -> str:
+    """Why setting ``key`` from a config could run or load code, or break answers on
+    purpose; "" when it cannot (booleans, numbers, fixed choices)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf.startswith("_") or key.startswith("test_configs.") or "TESTING_ONLY" in key:
+        return "a private or testing key of Inductor (some inject wrong answers)"
+    kinds = _leaf_types(entry.value_type)
+    if any(k == "code" for k in kinds):
+        return "its value is code (a callable, a class, a pass)"
+    if any(k == "text" for k in kinds):
+        return ("its value is free text that Inductor may run, load or put on a compiler "
+                "command line (a program, a path, a flag)")
+    return ""
+
+
+def _leaf_types(tp) -> list[str]:
+    """'text', 'code' or 'plain' for every type a config value may take."""
+    import collections.abc
+    import typing
+
+    if tp is str:
+        return ["text"]
+    if tp in (bool, int, float):
+        return ["plain"]
+    if tp is type(None):
+        return ["plain"]
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return ["plain"]
+    if origin is collections.abc.Callable or tp is collections.abc.Callable:
+        return ["code"]
+    args = typing.get_args(tp)
+    if origin is not None and args:
+        return [k for a in args if a is not Ellipsis for k in _leaf_types(a)]
+    # NoneType-typed entries used as text, classes, forward references: not plain data
+    return ["code"] if isinstance(tp, (type, str, typing.ForwardRef)) else ["text"]
+
+
+def _check_options(options: dict[str, Any], trusted: list[str]) -> dict[str, Any]:
+    """``options`` checked against torch._inductor.config (keys, types, trust); values
+    converted to Inductor's types (a YAML list to a tuple)."""
+    from pydantic import TypeAdapter, ValidationError
+    from torch._inductor import config as inductor_config
+
+    entries = inductor_config._config
+    out = {}
+    for key, value in options.items():
+        entry = entries.get(key)
+        if entry is None:
+            raise ValueError(unknown_name("torch._inductor.config key", key, sorted(entries))
+                             .split("; valid:")[0] + " (torch._inductor.config has no such "
+                             "key; see torch/_inductor/config.py)")
+        why = _unsafe(key, entry)
+        if why and key not in trusted:
+            raise ValueError(f"{key}: refused, {why}. A config that sets it can run any "
+                             f"program. If you wrote this config, allow the key by name: "
+                             f"trusted_options: [{key}]")
+        if not why or key in trusted:
+            try:
+                adapter = TypeAdapter(entry.value_type)
+            except Exception:  # noqa: BLE001 - a type pydantic cannot check (code)
+                adapter = None
+            if adapter is not None:
+                value = _typed(adapter, key, value, entry.value_type)
+        if key == "cpp.threads" and isinstance(value, int) and value > 0:
+            value = bounded_threads(value, "inductor cpp.threads")
+        out[key] = value
+    return out
+
+
+def _typed(adapter, key: str, value: Any, tp) -> Any:
+    """``value`` as Inductor's type ``tp``: strict (no bool for an int, no string for a
+    bool), YAML lists taken as tuples where a tuple is wanted."""
+    from pydantic import ValidationError
+
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    try:
+        return adapter.validate_python(value, strict=True)
+    except ValidationError as exc:
+        try:
+            return adapter.validate_python(tuples(value), strict=True)
+        except ValidationError:
+            pass
+        first = exc.errors()[0]["msg"]
+        raise ValueError(f"{key}: {first} (got {value!r}; torch._inductor.config "
+                         f"declares {_type_name(tp)})") from None
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace(
+        "typing.", "")
 
 
 @register_backend

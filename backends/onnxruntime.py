@@ -16,10 +16,11 @@ import logging
 from typing import Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from arbiter.errors import require_known
 from arbiter.ops import op_name
-from arbiter.registry import Backend, register_backend
+from arbiter.registry import Backend, bounded_threads, register_backend
 
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
@@ -41,10 +42,29 @@ class OrtOptions(BaseModel):
 
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = Field(
         "all", description="ONNX Runtime graph optimizations")
-    intra_op_num_threads: Optional[int] = Field(
-        None, ge=0, description="threads per session; None: ONNX Runtime's default")
+    intra_op_num_threads: Optional[StrictInt] = Field(
+        None, ge=0, description="threads per session; None: ONNX Runtime's default; at "
+        "most the CPUs this process may run on (more is reduced, with a warning)")
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"],
-                                 description="execution providers, in order")
+                                 description="execution providers, in order: names "
+                                 "onnxruntime knows (`onnxruntime.get_all_providers()`; "
+                                 "another is a config error); one missing from this build "
+                                 "makes the backend unavailable")
+
+    @field_validator("intra_op_num_threads")
+    @classmethod
+    def _bounded(cls, v: Optional[int]) -> Optional[int]:
+        return v if v is None else bounded_threads(v, "onnxruntime intra_op_num_threads")
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, v: list[str]) -> list[str]:
+        try:
+            import onnxruntime
+        except ImportError:  # the backend is unavailable anyway, and says why
+            return v
+        require_known("execution provider", v, onnxruntime.get_all_providers())
+        return v
     optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "

@@ -23,9 +23,10 @@ import logging
 from typing import Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from arbiter.registry import Backend, register_backend
+from arbiter.errors import require_known
+from arbiter.registry import Backend, bounded_threads, register_backend
 
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
@@ -43,12 +44,58 @@ class OvOptions(BaseModel):
     cache_dir: Optional[str] = Field(
         None, description="OpenVINO's CACHE_DIR (compiled blobs reused across processes); "
         "None: no cache")
-    num_threads: Optional[int] = Field(
-        None, ge=0, description="INFERENCE_NUM_THREADS; None: OpenVINO's default")
+    num_threads: Optional[StrictInt] = Field(
+        None, ge=0, description="INFERENCE_NUM_THREADS; None: OpenVINO's default; at most "
+        "the CPUs this process may run on (more is reduced, with a warning)")
     performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] = Field(
         "LATENCY", description="PERFORMANCE_HINT")
-    device: str = Field("CPU", description="OpenVINO device name (`openvino.Core()."
-                        "available_devices`)")
+    device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
+                        "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
+                        "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
+                        "this machine lacks (`openvino.Core().available_devices`) makes the "
+                        "backend unavailable")
+
+    @field_validator("num_threads")
+    @classmethod
+    def _bounded(cls, v: Optional[int]) -> Optional[int]:
+        return v if v is None else bounded_threads(v, "openvino num_threads")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        known = _known_devices()
+        if known is None:  # openvino is not installed: the backend says so
+            return v
+        head, _, rest = v.partition(":")
+        names = [head] + ([d for d in rest.split(",")] if rest else [])
+        require_known("OpenVINO device", [n.split(".", 1)[0] for n in names], known)
+        return v
+
+
+#: Device plugins OpenVINO ships (2026.4); ``_known_devices`` adds what Core registers.
+_DEVICE_PLUGINS = ("CPU", "GPU", "NPU", "AUTO", "HETERO", "MULTI", "BATCH")
+
+
+def _known_devices() -> Optional[list[str]]:
+    """Device names OpenVINO has a plugin for here, present or not; None without
+    openvino. Core.get_versions(name) is empty for a name no plugin is registered for,
+    and raises for one registered that cannot load here (a GPU plugin without a GPU)."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    core = openvino.Core()
+    known = []
+    for name in (*_DEVICE_PLUGINS, *(d.split(".", 1)[0] for d in core.available_devices)):
+        if name in known:
+            continue
+        try:
+            registered = bool(core.get_versions(name))
+        except Exception:  # noqa: BLE001 - registered, not loadable on this machine
+            registered = True
+        if registered:
+            known.append(name)
+    return known
 
 
 #: dtypes the PyTorch frontend and the CPU plugin take as inputs/outputs.

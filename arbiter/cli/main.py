@@ -77,6 +77,7 @@ def cmd_demo(args) -> int:
 _MODULE_COMMANDS = {
     "report": ("arbiter.cli.report", "capability report: tables, JSON, HTML"),
     "probe": ("arbiter.cli.probe", "verify a backend's manifest against PyTorch's OpInfo"),
+    "cache": ("arbiter.cli.cache", "list, size or clear the persistent cache"),
 }
 
 

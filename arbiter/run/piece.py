@@ -22,6 +22,7 @@ import torch
 import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..cache import served
 from ..errors import describe
 from ..ops import output_values
 from ..registry import Backend
@@ -80,6 +81,12 @@ def _compile_lock():
 _COMPILE_LOCK = None
 
 
+def _evict(loaded: Sequence[tuple], why: str) -> None:
+    """Remove persistent-cache entries a failed compile or run was built from."""
+    for cache, kind, key in loaded:
+        cache.evict(kind, key, why)
+
+
 def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
     """(index, size, stride) of outputs whose traced strides are not contiguous ones."""
     found = []
@@ -136,6 +143,7 @@ class Piece:
         self._device_checks = 2  # calls left whose output devices are checked
         self._verify_pending = False  # verify `first`: the next call is checked
         self.timed = False  # set by a timed run (the report's per-partition times)
+        self._served: list = []  # cache entries the current backend was compiled from
 
     def __call__(self, *args: Any) -> Any:
         if self.timed:
@@ -225,14 +233,16 @@ class Piece:
             if backend.inline_aten:
                 self._fn = self.gm
                 break
+            loaded: list = []  # persistent-cache entries the compile used
             try:
                 # Progress for long compiles (`arbiter report` shows these on stderr).
                 log.info("%s partition %d: compiling with %s", self._label,
                          self.record.partition_id, backend.name)
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
-                with _disable_current_modes():
+                with _disable_current_modes(), served() as loaded:
                     self._fn = backend.compile(self.gm, list(args))
+                self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
                 attach = getattr(self._fn, "attach_record", None)
@@ -244,6 +254,7 @@ class Piece:
             except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
+                _evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
@@ -255,6 +266,9 @@ class Piece:
         with _compile_lock(), self._lock:
             if self._level == level:
                 failed = self._backends[level].name
+                # kept, a cached artifact that failed would fail in every later process
+                _evict(self._served, f"{failed} failed to {stage} with it ({reason})")
+                self._served = []
                 self._advance(args, (failed, (stage, reason)))
 
     def _note(self, frm: str, to: str, stage: str, reason: str) -> None:

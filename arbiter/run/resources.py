@@ -30,6 +30,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from ..registry import bounded_threads, usable_cpus
+
 log = logging.getLogger(__name__)
 
 
@@ -55,10 +57,7 @@ class Budget:
 
 def cores() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return usable_cpus()
 
 
 def resolve(options: Any, first_backend: str = "none") -> Budget:
@@ -68,7 +67,8 @@ def resolve(options: Any, first_backend: str = "none") -> Budget:
     by priority takes the most nodes: a backend whose pool may not spin may get fewer
     threads (ONNX Runtime's global pool gets no workers), and the backend doing most of
     the work needs them most."""
-    threads = cores() if options.threads == "auto" else int(options.threads)
+    threads = cores() if options.threads == "auto" else bounded_threads(
+        int(options.threads), "resources.threads")
     spin = first_backend if options.spin == "auto" else options.spin
     return Budget(threads=threads, spin=spin, shared_arena=options.shared_arena,
                   coordinate=options.coordinate)
