@@ -30,23 +30,43 @@ from ._version import __version__
 from .cache import from_options as cache_from_options
 from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
+from .errors import ConfigError
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import get_policy
 from .registry import Backend, get_backend_class
-from .report import BackendStatus, Report
+from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
 from .report.build import graph_report
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
-from .run.record import GraphRecord
+from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
+from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
 
 log = logging.getLogger(__name__)
+
+#: every Arbiter that compiled a graph, in order of its first graph (weakly held)
+_ARBITERS: list = []
+_ARBITERS_LOCK = threading.Lock()
+
+
+def arbiters() -> list["Arbiter"]:
+    """The live Arbiters that compiled a graph in this process, oldest first."""
+    with _ARBITERS_LOCK:
+        _ARBITERS[:] = [r for r in _ARBITERS if r() is not None]
+        return [b for b in (r() for r in _ARBITERS) if b is not None]
+
+
+def forget(dropped: Sequence["Arbiter"]) -> None:
+    """Leave ``dropped`` out of ``arbiters()`` (Dynamo was reset: their graphs are gone)."""
+    ids = {id(b) for b in dropped}
+    with _ARBITERS_LOCK:
+        _ARBITERS[:] = [r for r in _ARBITERS if r() is not None and id(r()) not in ids]
 
 
 class Arbiter:
@@ -88,6 +108,7 @@ class Arbiter:
                 "decompositions", "freeze_weights"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
+        self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
         self._lock = threading.Lock()
         # every live compiled-by-a-backend piece (set_timing); weak, so pieces replaced
         # when weights are re-frozen are freed with their sessions and weights
@@ -104,8 +125,27 @@ class Arbiter:
                             first_backend=self.config.backends[0].name)
 
     # -- torch.compile backend -------------------------------------------------------
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
-        return lower(gm, example_inputs, self._compile_graph,
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 **kwargs: Any) -> Callable:
+        if kwargs:  # torch.compile(backend=Arbiter(...), mode=... or options=...)
+            raise ConfigError(
+                f"torch.compile({', '.join(f'{k}=...' for k in sorted(kwargs))}) with an "
+                "Arbiter instance: its config is fixed when it is made; put the settings in "
+                "Arbiter(config), or use backend=\"arbiter\", which reads options and mode",
+                file="torch.compile(...)", key=sorted(kwargs)[0])
+        owner = current_owner()  # the compiled model this graph belongs to (its report)
+        with self._lock:
+            first = not self._dynamo_graphs
+            self._dynamo_graphs.append(dynamo_graph(gm, owner))
+        if first:
+            with _ARBITERS_LOCK:
+                _ARBITERS.append(weakref.ref(self))
+
+        def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
+            # the backward graph compiles later, at the first backward: owner kept here
+            return self._compile_graph(graph, kind, constants, owner=owner)
+
+        return lower(gm, example_inputs, compile_graph,
                      decompositions=self._decompositions,
                      freeze_weights=self.config.freeze_weights)
 
@@ -120,7 +160,8 @@ class Arbiter:
             return list(self._graphs)
 
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
-                       constants: dict[torch.fx.Node, torch.Tensor]) -> Callable:
+                       constants: dict[torch.fx.Node, torch.Tensor],
+                       owner: Owner = UNKNOWN) -> Callable:
         start = time.perf_counter()
         choice = self.policy.choose(self.planner, gm)
         plan_s = time.perf_counter() - start
@@ -136,7 +177,7 @@ class Arbiter:
 
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
-                             frozenset(constants))
+                             frozenset(constants), owner=owner)
         with self._lock:
             self._graphs.append(record)
         plan = choice.plan
@@ -224,10 +265,21 @@ class Arbiter:
             piece.timed = self._timed
             self._pieces.add(piece)
 
-    def report(self, *, advice: bool = True) -> Report:
+    def owners(self) -> list[Owner]:
+        """The compiled models this Arbiter made graphs for, in order of their first graph."""
+        with self._lock:
+            seen = [g.owner for g in self._dynamo_graphs] + [g.owner for g in self._graphs]
+        return list(dict.fromkeys(seen))
+
+    def report(self, model: Any = None, *, advice: bool = True) -> Report:
         """What ran where: built from the live records, so fallbacks show at once.
 
-        ``advice`` replans each graph under other settings (fast: planning is linear)."""
+        ``model``: only the graphs of that model (a compiled model, or the module or
+        function that was compiled; run/owner.py); None: every graph this Arbiter
+        compiled, each labelled with its model. ``advice`` replans each graph under
+        other settings (fast: planning is linear). Dynamo's graph breaks are those seen
+        while compiling (what ``torch._dynamo.explain`` would count)."""
+        wanted = model if isinstance(model, Owner) or model is None else owner_of(model)
         statuses = []
         versions = {"python": platform.python_version(), "torch": torch.__version__,
                     "arbiter": __version__}
@@ -239,9 +291,20 @@ class Arbiter:
                                           version=version))
             versions[name] = version or ("unavailable" if not ok else "unknown")
         graphs = self.graphs
+        with self._lock:
+            dynamo = list(self._dynamo_graphs)
+        if wanted is not None:
+            graphs = [g for g in graphs if matches(g.owner, wanted)]
+            dynamo = [d for d in dynamo if matches(d.owner, wanted)]
+        breaks = GraphBreakReport(graphs=len(dynamo), breaks=sum(d.graph_break for d in dynamo),
+                                  reasons=[d.reason for d in dynamo if d.graph_break]) \
+            if dynamo else None
         tips = advise([g.plan for g in graphs], self.planner.table, self.config.min_block_size,
                       (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
+        names = list(dict.fromkeys(str(g.owner) for g in graphs))
         return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
+                      model=str(wanted) if wanted is not None else ", ".join(names) or None,
+                      graph_breaks=breaks,
                       config_dump=self.config.model_dump(mode="json"), versions=versions,
                       advice=tips, graphs=[graph_report(g, self.backends) for g in graphs],
                       resources={} if self.dry_run else resources_in_force())

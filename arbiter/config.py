@@ -278,6 +278,12 @@ def _from_located(located: Located) -> Config:
 ConfigLike = Union[None, str, Path, dict, Config]
 
 
+def config_from_dict(data: dict, source: str) -> Config:
+    """A Config from a dict whose errors name ``source`` as where it came from
+    (``torch.compile(options=...)``, say)."""
+    return _from_located(Located(data, {}, source))
+
+
 def load_config(src: ConfigLike = None) -> Config:
     """A Config from a path, the name of a shipped config, a dict, or a Config.
 

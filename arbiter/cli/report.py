@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
                         help="trace with gradients: forward and backward graphs "
                              "(default: inference: model.eval(), under torch.no_grad)")
     parser.add_argument("--no-breaks", action="store_true",
-                        help="skip counting Dynamo's graph breaks (torch._dynamo.explain)")
+                        help="leave Dynamo's graph breaks (counted while compiling) out")
     parser.add_argument("--width", type=int, default=100, help="terminal width of the tables")
     parser.add_argument("--quiet", action="store_true", help="no compile progress on stderr")
 
@@ -90,7 +90,7 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
     torch._dynamo.reset()
     if dry_run:
         with grad:
-            report = explain(model, *inputs, config=config, breaks=False, backward=train)
+            report = explain(model, *inputs, config=config, backward=train)
     else:
         be = Arbiter(config)
         compiled = torch.compile(model, backend=be)
@@ -109,7 +109,7 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
                     compiled(*inputs)
                 total = time.perf_counter() - start
                 be.set_timing(False)
-        report = be.report()
+        report = be.report()  # this Arbiter compiled this model only
         if time_calls > 0:
             pieces = sum(p.run_s for g in report.graphs for p in g.partitions)
             timing = TimingReport(
@@ -124,7 +124,6 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 def run(args) -> int:
     import torch
 
-    from ..dryrun import graph_breaks
     from ..report.text import render
     from .examples import load_model
 
@@ -132,10 +131,6 @@ def run(args) -> int:
     inputs = tuple(inputs)
     if not args.train and isinstance(model, torch.nn.Module):
         model.eval()  # inference: dropout off, batch norm on running statistics
-    breaks = None
-    if not args.no_breaks:
-        with torch.enable_grad() if args.train else torch.no_grad():
-            breaks = graph_breaks(model, *inputs)
     configs = args.config or [None]
     reports = []
     detach = _attach_progress(args.quiet)
@@ -144,7 +139,8 @@ def run(args) -> int:
             r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=args.train,
                              time_calls=args.time, label=_label(cfg, k))
             r.model = args.model
-            r.graph_breaks = breaks
+            if args.no_breaks:
+                r.graph_breaks = None
             reports.append(r)
     finally:
         detach()

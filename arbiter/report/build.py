@@ -217,7 +217,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
             planned[x.planned_backend] += x.nodes
     o = g.outcome
     return GraphReport(
-        graph_id=g.graph_id, kind=g.kind, nodes=sum(x.nodes for x in parts), partitions=parts,
+        graph_id=g.graph_id, kind=g.kind, model=str(g.owner),
+        nodes=sum(x.nodes for x in parts), partitions=parts,
         refusals=[RefusalReport(op=op, backend=b, reason=r, nodes=c)
                   for (op, b, r), c in sorted(refusals.items())],
         constants=g.constants, plan_s=round(g.plan_s, 5), policy=o.policy,

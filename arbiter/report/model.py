@@ -124,6 +124,8 @@ class WeightEventReport(BaseModel):
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
+    model: str = Field("", description="the compiled model (module class or function) "
+                           "Dynamo was tracing when it made this graph; `?` if unknown")
     nodes: int
     partitions: list[PartitionReport]
     refusals: list[RefusalReport] = Field(default_factory=list,
@@ -164,8 +166,8 @@ class BackendStatus(BaseModel):
 class GraphBreakReport(BaseModel):
     """What Dynamo made of the model (``torch._dynamo.explain``)."""
 
-    graphs: int = Field(description="graphs Dynamo captured")
-    breaks: int = Field(description="graph breaks")
+    graphs: int = Field(description="graphs Dynamo captured (recompiles included)")
+    breaks: int = Field(description="graphs a graph break ended")
     reasons: list[str] = Field(default_factory=list, description="why, with user frames")
 
 
