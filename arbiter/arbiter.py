@@ -30,10 +30,12 @@ from ._version import __version__
 from .cache import from_options as cache_from_options
 from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
-from .errors import ConfigError
+from .errors import ConfigError, warn_at_user_line
+from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import get_policy
+from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
@@ -119,6 +121,9 @@ class Arbiter:
             if name not in self.unavailable:
                 names += [d for d in backend.manifest().decompositions if d not in names]
         self._decompositions = decomposition_table(names)
+        self._decomposed = sorted({op_name(k) for k in self._decompositions})
+        self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
+        self._warned: set = set()
         if not dry_run:  # one thread budget and arena per process, before any compile
             apply_resources(self.config.resources,
                             [b for n, b in self.backends.items() if n not in self.unavailable],
@@ -180,6 +185,7 @@ class Arbiter:
                              frozenset(constants), owner=owner)
         with self._lock:
             self._graphs.append(record)
+        self._check_rules(gm, kind, label)
         plan = choice.plan
         log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
                  sum(p.size for p in plan.partitions), len(plan.partitions),
@@ -193,6 +199,30 @@ class Arbiter:
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn
+
+    def _rules(self) -> list[tuple[str, str, str]]:
+        return [("pin", op, b) for op, b in self.config.pin.items()] + \
+            [("exclude", op, "") for op in self.config.exclude_ops]
+
+    def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
+        """Warn (once per rule) about a pin or exclude that names no op of the graphs
+        compiled so far. A forward graph waits for its backward, which may hold the op."""
+        rules = self._rules()
+        if not rules:
+            return
+        with self._lock:
+            self._seen_ops |= graph_ops(gm)
+            seen = set(self._seen_ops)
+        if kind == "forward":
+            return
+        for rule, op, backend in rules:
+            if (rule, op) in self._warned or any(names(op, o) for o in seen):
+                continue
+            self._warned.add((rule, op))
+            msg = unmatched_message(rule, op, backend, seen, self._decomposed,
+                                    where=f" in the graphs compiled so far (up to {label})")
+            log.debug("%s", msg)
+            warn_at_user_line(f"arbiter: {msg}")
 
     def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
                  record: GraphRecord, label: str) -> Callable:
@@ -265,6 +295,23 @@ class Arbiter:
             piece.timed = self._timed
             self._pieces.add(piece)
 
+    def _rule_warnings(self, graphs: list[GraphRecord], reports: list) -> list[str]:
+        """Pins and excludes that apply to no node of ``graphs``; pins their backend did
+        not take everywhere, with why (the report's ``warnings``)."""
+        out = []
+        seen = set().union(*(graph_ops(g.plan.graph_module) for g in graphs)) if graphs else set()
+        for rule, op, backend in self._rules():
+            if graphs and not any(names(op, o) for o in seen):
+                out.append(unmatched_message(rule, op, backend, seen, self._decomposed))
+        for r in reports:
+            for rule in r.rules:
+                if rule.kind == "pin" and rule.applied < rule.nodes:
+                    why = "; ".join(f"{n} node(s): {w}" for w, n in rule.why_not.items())
+                    out.append(f"pin {rule.op} -> {rule.backend}: {rule.applied} of "
+                               f"{rule.nodes} node(s) of graph {r.graph_id} on {rule.backend}"
+                               f"; {why}")
+        return out
+
     def owners(self) -> list[Owner]:
         """The compiled models this Arbiter made graphs for, in order of their first graph."""
         with self._lock:
@@ -302,10 +349,13 @@ class Arbiter:
         tips = advise([g.plan for g in graphs], self.planner.table, self.config.min_block_size,
                       (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
         names = list(dict.fromkeys(str(g.owner) for g in graphs))
+        reports = [graph_report(g, self.backends, self.config.pin, self.config.exclude_ops)
+                   for g in graphs]
         return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
                       model=str(wanted) if wanted is not None else ", ".join(names) or None,
                       graph_breaks=breaks,
                       config_dump=self.config.model_dump(mode="json"), versions=versions,
-                      advice=tips, graphs=[graph_report(g, self.backends) for g in graphs],
+                      advice=tips, warnings=self._rule_warnings(graphs, reports),
+                      graphs=reports,
                       resources={} if self.dry_run else resources_in_force())
 

@@ -10,8 +10,8 @@ A config is YAML (or a dict, or a ``Config``)::
     policy: priority           # how a backend is chosen among those able to run a node
     min_block_size: 3          # smaller partitions go to the next able backend
     exclude_ops: [aten.gelu]   # never given to a backend other than eager
-    pin: {aten.softmax.int: inductor}   # this op goes to this backend when it can run it
-    decompositions: [aten.gelu]          # decomposed before partitioning
+    pin: {aten._softmax: inductor}   # this op goes to this backend when it can run it
+    decompositions: [aten.silu]      # decomposed before partitioning
     freeze_weights: true       # inference graphs: weights become constants of the pieces
     refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
 
@@ -171,7 +171,9 @@ class Config(BaseModel):
                                           "eager may run")
     pin: dict[str, str] = Field(
         default_factory=dict, description="op -> backend: that backend gets the op whenever "
-                                          "its manifest allows, whatever its priority")
+                                          "its manifest allows, whatever its priority and "
+                                          "`min_block_size`; ops are named as lowered "
+                                          "(`aten._softmax`, not `aten.softmax`)")
     decompositions: list[str] = Field(
         default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
                                           "before partitioning, on top of the backends' own")

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
-import warnings
 from typing import Any, Optional
 
 from .arbiter import Arbiter, arbiters, forget
 from .config import Config, config_from_dict, load_config
-from .errors import ArbiterError, ConfigError, did_you_mean
+from .errors import ArbiterError, ConfigError, did_you_mean, warn_at_user_line
 from .report import Report
 from .run.owner import Owner, current_owner, owner_of
 
@@ -62,32 +60,13 @@ def valid_options() -> list[str]:
 _warned: set[str] = set()
 
 
-def _user_frame():
-    """The innermost frame outside torch, arbiter and the standard library's import
-    machinery: the user's line that called the compiled model (or torch.compile)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not (name == "torch" or name.startswith(("torch.", "arbiter", "importlib",
-                                                     "contextlib", "functools"))):
-            return frame
-        frame = frame.f_back
-    return None
-
-
 def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn_explicit`` at the user's line, once per message per process."""
+    """A warning at the user's line, once per message per process."""
     with _lock:
         if message in _warned:
             return
         _warned.add(message)
-    frame = _user_frame()
-    if frame is None:
-        warnings.warn(message, category, stacklevel=2)
-        return
-    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
-                           module=frame.f_globals.get("__name__"),
-                           registry=frame.f_globals.setdefault("__warningregistry__", {}))
+    warn_at_user_line(message, category)
 
 
 # -- mode and options -----------------------------------------------------------------

@@ -15,10 +15,11 @@ import torch.fx
 
 from ..ops import is_getitem, op_name, tensors_in
 from ..plan.partition import Partition, Plan
+from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    RefusalReport, TensorReport, WeightEventReport)
+                    RefusalReport, RuleReport, TensorReport, WeightEventReport)
 
 
 def _shape(t: torch.Tensor) -> list[Any]:
@@ -178,7 +179,42 @@ def node_reports(plan: Plan) -> list[NodeReport]:
     return out
 
 
-def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport:
+def rule_reports(plan: Plan, parts: list[PartitionReport], pin: Mapping[str, str],
+                 exclude: list[str], policy: str = "priority") -> list[RuleReport]:
+    """What each pin and exclude did in this graph: nodes it names, nodes it holds for,
+    and why not for the others (the backend refused, a runtime fallback, the policy)."""
+    part_of = {n: x for p, x in zip(plan.partitions, parts) for n in p.nodes}
+    fallback = plan.fallback
+    out = []
+    rules = [("pin", op, b) for op, b in pin.items()] + [("exclude", op, None) for op in exclude]
+    for kind, rule_op, backend in rules:
+        nodes = applied = 0
+        why: Counter = Counter()
+        for node, sup in plan.support.items():
+            if is_getitem(node) or not names(rule_op, op_name(node.target)):
+                continue
+            nodes += 1
+            part = part_of.get(node)
+            runs = (part.backend if part.compiled else part.planned_backend) if part else "?"
+            target = backend if kind == "pin" else fallback
+            if runs == target:
+                applied += 1
+            elif kind == "pin" and backend in sup.refusals:
+                why[f"{backend} refused: {sup.refusals[backend]}"] += 1
+            elif part is not None and part.planned_backend == target and part.fallbacks:
+                f = part.fallbacks[-1]
+                why[f"fell back at {f.stage}: {f.from_backend} -> {f.to_backend}: "
+                    f"{f.reason}"] += 1
+            else:
+                why[f"policy {policy} placed it on {runs}"] += 1
+        out.append(RuleReport(kind=kind, op=rule_op, backend=backend, nodes=nodes,
+                              applied=applied, why_not=dict(why)))
+    return out
+
+
+def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
+                 pin: Optional[Mapping[str, str]] = None,
+                 exclude: Optional[list[str]] = None) -> GraphReport:
     """The report of one compiled graph, from its live record: fallbacks show at once."""
     parts = []
     for p in g.plan.partitions:
@@ -229,4 +265,5 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
-        graph=node_reports(g.plan))
+        graph=node_reports(g.plan),
+        rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy))

@@ -156,6 +156,7 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
     for b in r.backends:
         if not b.available:
             out.append(f'<p class="warn">backend {_e(b.name)} unavailable: {_e(b.reason)}</p>')
+    out += [f'<p class="warn">warning: {_e(w)}</p>' for w in r.warnings]
     if r.resources:
         out.append("<p>resources: " + _e(", ".join(f"{k} {v}" for k, v in r.resources.items()))
                    + "</p>")

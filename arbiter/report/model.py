@@ -121,6 +121,20 @@ class WeightEventReport(BaseModel):
                                     "or `weights as inputs` (from then on, no constants)")
 
 
+class RuleReport(BaseModel):
+    """A config `pin` or `exclude_ops` entry, and what it did in one graph."""
+
+    kind: str = Field(description="`pin` or `exclude`")
+    op: str = Field(description="the op as the config names it (`aten.x` or `aten.x.overload`)")
+    backend: Optional[str] = Field(None, description="a pin's backend")
+    nodes: int = Field(description="nodes of the graph the rule names")
+    applied: int = Field(description="of them, the nodes it holds for: a pin's run (or are "
+                                     "planned to run) on its backend, an exclude's on the "
+                                     "fallback")
+    why_not: dict[str, int] = Field(default_factory=dict,
+                                    description="for the other nodes: reason -> nodes")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -148,6 +162,8 @@ class GraphReport(BaseModel):
                                     description="backend -> compute nodes planned for it in "
                                                 "partitions not compiled yet")
     graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
+    rules: list[RuleReport] = Field(default_factory=list,
+                                    description="the config's pins and excludes in this graph")
     chosen: str = Field("", description="policies cost/measure: the placement chosen")
     candidates_ms: dict[str, Optional[float]] = Field(
         default_factory=dict, description="policy measure: placement -> measured ms "
@@ -206,6 +222,10 @@ class Report(BaseModel):
     graphs: list[GraphReport] = Field(default_factory=list)
     resources: dict[str, Any] = Field(default_factory=dict,
                                       description="thread and memory settings in force")
+    warnings: list[str] = Field(default_factory=list,
+                                description="what the config asked for and did not get: a "
+                                            "pin or exclude that applies to no node, a pin "
+                                            "its backend could not take")
 
     def summary(self) -> str:
         parts = [p for g in self.graphs for p in g.partitions]
@@ -236,6 +256,8 @@ def render_text(report: Report) -> str:
     down = [b for b in report.backends if not b.available]
     for b in down:
         lines.append(f"backend {b.name} unavailable: {b.reason}")
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
     for g in report.graphs:
         lines.append("")
         lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "

@@ -153,6 +153,8 @@ def renderables(report: Report):
     for b in report.backends:
         if not b.available:
             yield f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
+    for w in report.warnings:
+        yield f"[yellow]warning[/yellow]: {_e(w)}"
     if report.graph_breaks is not None:
         gb = report.graph_breaks
         yield f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)"
