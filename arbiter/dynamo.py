@@ -172,6 +172,9 @@ def arbiter_for(options: Optional[dict] = None, mode: Optional[str] = None, *,
     if be is not None or not create:
         return be
     resolved, dry_run = resolve(options, mode)
+    if dry_run:
+        warn_once("arbiter: dryrun: nothing is compiled, the graphs run in eager; "
+                  "arbiter.report(compiled) shows the plan")
     be = Arbiter(resolved, dry_run=dry_run)
     if shared:
         with _lock:

@@ -57,6 +57,10 @@ def _unwrap(obj: Any) -> Any:
         if isinstance(obj, types.MethodType) and isinstance(obj.__self__, torch.nn.Module):
             obj = obj.__self__
             continue
+        wrapped = getattr(obj, "__wrapped__", None)  # functools.wraps (Dynamo's wrap_inline)
+        if isinstance(obj, types.FunctionType) and wrapped is not None:
+            obj = wrapped
+            continue
         break
     return obj
 
