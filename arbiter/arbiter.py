@@ -335,7 +335,7 @@ class Arbiter:
             version = safe_version(backend) if ok else None
             statuses.append(BackendStatus(name=name, available=ok,
                                           reason=self.unavailable.get(name, ""),
-                                          version=version))
+                                          version=version, color=backend.color))
             versions[name] = version or ("unavailable" if not ok else "unknown")
         graphs = self.graphs
         with self._lock:

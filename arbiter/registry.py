@@ -81,6 +81,9 @@ class Backend:
     install_hint: ClassVar[str] = ""
     #: True for the backend whose partitions are ATen nodes run in place (eager).
     inline_aten: ClassVar[bool] = False
+    #: the color reports draw this backend in (CSS, "#rrggbb"), the same in every file;
+    #: "" lets the report pick one from the name
+    color: ClassVar[str] = ""
     #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
     validators: ClassVar[dict[str, Validator]] = {}
 

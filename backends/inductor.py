@@ -31,6 +31,7 @@ class InductorOptions(BaseModel):
 @register_backend
 class Inductor(Backend):
     name = "inductor"
+    color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
 
     def compile(self, gm, example_inputs):

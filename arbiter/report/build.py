@@ -6,6 +6,7 @@ manifests; nothing compiles or runs. ``graph_report`` is the entry point.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -152,6 +153,23 @@ def coverage(plan: Plan, backends: Mapping[str, Backend]) -> dict[str, float]:
             for b in backends}
 
 
+_PATH_PARTS = re.compile(r"\._modules\['([^']*)'\]|\[(\d+)\]|\['([^']*)'\]")
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The innermost module a node comes from, as a dotted path (``encoder.layer.5.attention``),
+    from Dynamo's ``nn_module_stack`` (kept on ATen nodes by AOTAutograd); "" if none."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    path = last[0] if isinstance(last, tuple) else str(last)
+    path = _PATH_PARTS.sub(lambda m: "." + (m.group(1) or m.group(2) or m.group(3)), str(path))
+    # the compiled callable's own name: `self`, or `fn` (Dynamo's wrap_inline of a module)
+    path = re.sub(r"^(L\.self\b|L\.fn\b|L\.|self\b)", "", path)
+    return path.strip(".")
+
+
 def node_reports(plan: Plan) -> list[NodeReport]:
     """Every compute node with its inputs; getitems are folded into their producer."""
     part_id = {n: p.id for p in plan.partitions for n in p.nodes}
@@ -175,7 +193,8 @@ def node_reports(plan: Plan) -> list[NodeReport]:
             out.append(NodeReport(
                 name=n.name, op=op_name(n.target), partition=part_id[n],
                 inputs=list(dict.fromkeys(ins)), shape=_shape(ts[0]) if ts else [],
-                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else ""))
+                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else "",
+                module=module_path(n)))
     return out
 
 

@@ -111,6 +111,9 @@ class NodeReport(BaseModel):
                                           "appear as `input:<name>`)")
     shape: list[Any] = Field(default_factory=list)
     dtype: str = ""
+    module: str = Field("", description="the module it comes from, as a path "
+                                        "(`encoder.layer.5.attention`; Dynamo's "
+                                        "nn_module_stack); empty for top-level code")
 
 
 class WeightEventReport(BaseModel):
@@ -177,6 +180,7 @@ class BackendStatus(BaseModel):
     available: bool
     reason: str = ""
     version: Optional[str] = None
+    color: str = Field("", description="the color reports draw it in (the backend's own)")
 
 
 class GraphBreakReport(BaseModel):
