@@ -11,22 +11,69 @@
 ``report(compiled)``: one compiled model; ``reports()``: every model compiled in this
 process; ``last_report()``: the model compiled last with ``backend="arbiter"``. Heavy
 packages (onnxruntime, openvino, triton...) are imported by their backend, on use.
+
+The names below are loaded on first use (PEP 562), so ``import arbiter`` (and the
+``arbiter`` command's ``--help``) does not import torch. ``arbiter.report`` is the
+function; the subpackage of the same name is imported as ``from arbiter.report import ...``.
 """
 from __future__ import annotations
 
-from ._version import __version__
-from .arbiter import Arbiter
-from .config import Config, load_config
-from .dryrun import explain, partition
-from .dynamo import last_arbiter, last_report, report, reports
-from .errors import ArbiterError, ConfigError, ManifestError, UnknownBackendError, UnknownOpError
-from .plan.policy import Policy, register_policy
-from .registry import Backend, backend_names, get_backend_class, register_backend
-from .report import Report
+import importlib
+import sys
+import types
+from typing import Any
 
-__all__ = [
-    "Arbiter", "ArbiterError", "Backend", "Config", "ConfigError", "ManifestError", "Policy",
-    "Report", "UnknownBackendError", "UnknownOpError", "__version__", "backend_names",
-    "explain", "get_backend_class", "last_arbiter", "last_report", "load_config",
-    "partition", "register_backend", "register_policy", "report", "reports",
-]
+from ._version import __version__
+
+#: public name -> the module that defines it
+_NAMES = {
+    "Arbiter": "arbiter", "Config": "config", "load_config": "config",
+    "explain": "dryrun", "partition": "dryrun",
+    "last_arbiter": "dynamo", "last_report": "dynamo", "reports": "dynamo",
+    "ArbiterError": "errors", "ConfigError": "errors", "ManifestError": "errors",
+    "UnknownBackendError": "errors", "UnknownOpError": "errors",
+    "Policy": "plan.policy", "register_policy": "plan.policy",
+    "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
+    "register_backend": "registry", "Report": "report",
+}
+
+__all__ = sorted([*_NAMES, "__version__", "report"])
+
+
+def report(model: Any, *, advice: bool = True) -> Any:
+    """The report of one compiled model (``arbiter.dynamo.report``): what ran where."""
+    from .dynamo import report as _report
+
+    return _report(model, advice=advice)
+
+
+class _Package(types.ModuleType):
+    """Keeps ``arbiter.report`` the function when the subpackage ``arbiter.report`` is
+    imported (the import system would set the package's attribute to the subpackage)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "report" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    else:
+        try:  # a submodule: arbiter.dynamo, arbiter.ops...
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))

@@ -187,10 +187,13 @@ class Arbiter:
             self._graphs.append(record)
         self._check_rules(gm, kind, label)
         plan = choice.plan
-        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
+        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s); "
+                 "%d to compile", label,
                  sum(p.size for p in plan.partitions), len(plan.partitions),
                  ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3,
-                 choice.outcome.policy)
+                 choice.outcome.policy,
+                 0 if self.dry_run else sum(p.backend not in self.planner.inline
+                                            for p in plan.partitions))
         fn: Callable = stitched
         if self.policy.measures and len(choice.candidates) > 1:
             fn = MeasuredGraph(self.planner, self.config.measure, self.cache, gm, constants,

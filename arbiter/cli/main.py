@@ -89,7 +89,10 @@ class _null:
 
 
 def main(argv=None) -> int:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="arbiter", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"torch-arbiter {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("backends", help="list backends and whether they can run here")

@@ -7,11 +7,11 @@
     arbiter report mlp --time 50                      # time 50 calls: per-partition times
 
 MODEL is a built-in example or ``path/to/file.py:factory`` (a function returning
-``(model, example_inputs)``). Compile progress (one line per partition) goes to stderr.
+``(model, example_inputs)``). Progress (loading, tracing, a bar of partitions compiled,
+timing) and warnings go to stderr (rich on a terminal, plain lines elsewhere).
 """
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from pathlib import Path
@@ -36,38 +36,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-breaks", action="store_true",
                         help="leave Dynamo's graph breaks (counted while compiling) out")
     parser.add_argument("--width", type=int, default=100, help="terminal width of the tables")
-    parser.add_argument("--quiet", action="store_true", help="no compile progress on stderr")
-
-
-class _Progress(logging.Handler):
-    """Prints the runtime's compile and fallback messages, numbered, to stderr."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if record.levelno == logging.INFO and ": compiling with " in msg:
-            self.count += 1
-            msg = f"[{self.count}] {msg}"
-        print(f"arbiter: {msg}", file=sys.stderr, flush=True)
-
-
-def _attach_progress(quiet: bool):
-    logger = logging.getLogger("arbiter.run.piece")
-    saved = (logger.level, logger.propagate)
-    handler = _Progress()
-    if not quiet:
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False  # one line each, not also through the root handler
-
-    def detach():
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-    return detach
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def _label(spec, k: int) -> str:
@@ -78,20 +47,27 @@ def _label(spec, k: int) -> str:
 
 
 def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_calls: int,
-                 label: str = ""):
+                 label: str = "", progress=None):
     """One report for ``model`` under ``config`` (compiled and run unless ``dry_run``)."""
     import torch
 
     from ..arbiter import Arbiter
+    from ..config import load_config
     from ..dryrun import explain, flatten_outputs
     from ..report import TimingReport
+    from .progress import Progress
 
+    progress = progress or Progress(quiet=True)
     grad = torch.enable_grad() if train else torch.no_grad()
     torch._dynamo.reset()
+    progress.stage(f"{label or 'config'}: tracing (Dynamo, AOTAutograd), planning"
+                   + ("" if dry_run else ", compiling"))
     if dry_run:
         with grad:
             report = explain(model, *inputs, config=config, backward=train)
     else:
+        config = load_config(config)
+        config.measure.progress = False  # measuring shows in this command's progress
         be = Arbiter(config)
         compiled = torch.compile(model, backend=be)
         with grad:
@@ -103,11 +79,14 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
                     torch.autograd.backward(flat, [torch.ones_like(t) for t in flat])
             timing = None
             if time_calls > 0:
+                progress.stage(f"{label or 'config'}: timing {time_calls} calls", time_calls)
                 be.set_timing(True)
-                start = time.perf_counter()
+                total = 0.0
                 for _ in range(time_calls):
+                    start = time.perf_counter()
                     compiled(*inputs)
-                total = time.perf_counter() - start
+                    total += time.perf_counter() - start
+                    progress.advance(f"{label or 'config'}: timing {time_calls} calls")
                 be.set_timing(False)
         report = be.report()  # this Arbiter compiled this model only
         if time_calls > 0:
@@ -124,26 +103,26 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 def run(args) -> int:
     import torch
 
+    from .progress import Progress
+
     from ..report.text import render
     from .examples import load_model
 
-    model, inputs = load_model(args.model)
-    inputs = tuple(inputs)
-    if not args.train and isinstance(model, torch.nn.Module):
-        model.eval()  # inference: dropout off, batch norm on running statistics
     configs = args.config or [None]
     reports = []
-    detach = _attach_progress(args.quiet)
-    try:
+    with Progress(quiet=args.quiet, verbose=getattr(args, "verbose", False)) as progress:
+        progress.stage(f"loading {args.model}")
+        model, inputs = load_model(args.model)
+        inputs = tuple(inputs)
+        if not args.train and isinstance(model, torch.nn.Module):
+            model.eval()  # inference: dropout off, batch norm on running statistics
         for k, cfg in enumerate(configs):
             r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=args.train,
-                             time_calls=args.time, label=_label(cfg, k))
+                             time_calls=args.time, label=_label(cfg, k), progress=progress)
             r.model = args.model
             if args.no_breaks:
                 r.graph_breaks = None
             reports.append(r)
-    finally:
-        detach()
     sys.stdout.write(render(reports, width=args.width, color=sys.stdout.isatty()))
     if args.json:
         from ..report import Report
