@@ -5,6 +5,7 @@
     arbiter report my_model.py:build --json r.json --html r.html
     arbiter report mlp --config a.yaml --config b.yaml  # side by side
     arbiter report mlp --time 50                      # time 50 calls: per-partition times
+    arbiter report mlp --explorer plan                # plan.json + node data: Model Explorer
 
 MODEL is a built-in example or ``path/to/file.py:factory`` (a function returning
 ``(model, example_inputs)``). Progress (loading, tracing, a bar of partitions compiled,
@@ -26,6 +27,9 @@ def add_arguments(parser) -> None:
                         help="config file or shipped name; repeat to compare side by side")
     parser.add_argument("--json", metavar="PATH", help="write the report(s) as JSON")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
+    parser.add_argument("--explorer", metavar="STEM",
+                        help="write STEM.json (graphs) and STEM.backends.json, "
+                             "STEM.fallbacks.json (node data) for Google's Model Explorer")
     parser.add_argument("--dry-run", action="store_true",
                         help="plan only (arbiter.explain): nothing is compiled")
     parser.add_argument("--time", type=int, default=0, metavar="N",
@@ -141,4 +145,10 @@ def run(args) -> int:
 
         Path(args.html).write_text(render_html(reports), encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
+    if args.explorer:
+        from ..report.explorer import write_explorer
+
+        paths = write_explorer(reports, args.explorer)
+        print(f"wrote {', '.join(map(str, paths))} (model-explorer {paths[0]} "
+              f"--node_data_paths={paths[1]},{paths[2]})", file=sys.stderr)
     return 0
