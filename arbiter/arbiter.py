@@ -88,6 +88,8 @@ class Arbiter:
         for name in self.config.chain_names():
             cls = get_backend_class(name)
             backend = cls(cls.Options.model_validate(self.config.options_for(name)))
+            if name in self.config.manifests:  # a user's manifest (`arbiter probe --out`)
+                backend.use_manifest(self.config.manifests[name])
             try:
                 ok, why = backend.available()
             except Exception as exc:  # noqa: BLE001 - a broken install (not only ImportError)
@@ -107,7 +109,7 @@ class Arbiter:
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights"}))
+                "decompositions", "freeze_weights", "manifests"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order

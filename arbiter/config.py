@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
                      did_you_mean, require_known, unknown_name)
-from .manifest import DTYPES
+from .manifest import DTYPES, load_manifest
 from .ops import resolve
 from .plan.policy import policy_names
 from .registry import aten_fallback, backend_names, get_backend_class
@@ -177,6 +177,11 @@ class Config(BaseModel):
     decompositions: list[str] = Field(
         default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
                                           "before partitioning, on top of the backends' own")
+    manifests: dict[str, str] = Field(
+        default_factory=dict, description="backend -> a capability manifest file to use "
+                                          "instead of the shipped one (`arbiter probe "
+                                          "BACKEND --write --out FILE` writes one); a "
+                                          "relative path is relative to this config file")
     freeze_weights: bool = Field(
         True, description="inference graphs hand parameters and buffers to backends as "
                           "constants (folded, prepacked); every call checks that the model "
@@ -256,6 +261,19 @@ def _check_semantics(config: Config, located: Located) -> Config:
         if backend not in chain:
             raise located.error(("pin", op), f"backend {backend!r} is not in this config"
                                 f"{did_you_mean(backend, chain)}; configured: {', '.join(chain)}")
+    base = Path(located.file).parent if located.file and not located.file.startswith("<") \
+        and Path(located.file).exists() else Path.cwd()
+    for name, path in config.manifests.items():
+        if name not in chain:
+            raise located.error(("manifests", name), f"backend {name!r} is not in this config"
+                                f"{did_you_mean(name, chain)}; configured: {', '.join(chain)}")
+        full = Path(path).expanduser()
+        full = full if full.is_absolute() else base / full
+        try:
+            load_manifest(full, backend=name)
+        except ArbiterError as exc:
+            raise located.error(("manifests", name), f"cannot use {str(full)!r}: {exc}") from None
+        config.manifests[name] = str(full)
     return config
 
 

@@ -114,6 +114,12 @@ class Backend:
             cls._manifest_cache = cached
         return cached
 
+    def use_manifest(self, path: str | Path) -> None:
+        """Read this instance's capabilities from ``path`` instead of the shipped manifest
+        (a config's ``manifests:``); the class and other instances keep theirs."""
+        loaded = load_manifest(path, backend=self.name)
+        self.manifest = lambda: loaded  # shadows the classmethod, for this instance only
+
     @classmethod
     def declared_ops(cls) -> Optional[dict]:
         """{OpOverload: entry dict} the backend's own software says it handles, for
