@@ -47,5 +47,5 @@ def unmatched_message(kind: str, rule_op: str, backend: str, seen: Iterable[str]
     close += [p for b, p in bases.items() if base.strip("_") in b and p not in close][:3]
     listed = ", ".join(packets[:MAX_LISTED]) + (
         f" and {len(packets) - MAX_LISTED} more" if len(packets) > MAX_LISTED else "")
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    hint = f"; did you mean {' or '.join(close)}?" if close else "."
     return f"{head}: no {rule_op} node after lowering{hint} Ops there: {listed or 'none'}"

@@ -215,11 +215,20 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
                f'all</button> <span class="muted">wheel: zoom · drag: pan</span></div>'
                f'<div class="viewport"><svg class="graph" data-report="{rid}" '
                f'data-graph="{g.graph_id}"></svg></div></details>')
+    depth, _ = module_groups(g)
+    mods: dict[int, list[str]] = {}
+    for n in g.graph:
+        path = ".".join(n.module.split(".")[:depth]) if n.module else TOP
+        if path not in mods.setdefault(n.partition, []):
+            mods[n.partition].append(path)
     out.append("<details><summary>partitions</summary>" + _table(
-        "partitions", ["#", "backend", "planned", "nodes", "inputs", "outputs", "bytes in",
+        "partitions", ["#", "backend", "planned", "nodes", "modules", "inputs", "outputs",
+                       "bytes in",
                        "bytes out", "compile s", "run ms/call", "share of call", "copies",
                        "verify", "measured ms", "fallbacks"], [
-            [p.id, _runs_on(p), p.planned_backend, p.nodes, _shapes(p.inputs),
+            [p.id, _runs_on(p), p.planned_backend, p.nodes,
+             ", ".join(mods.get(p.id, [])[:3]) + (" …" if len(mods.get(p.id, [])) > 3 else ""),
+             _shapes(p.inputs),
              _shapes(p.outputs), p.bytes_in + p.graph_input_bytes, p.bytes_out, p.compile_s,
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
              f"{p.run_s / total:.0%}" if total and p.calls else "-",

@@ -58,7 +58,8 @@ def _graph_tables(report: Report, g: GraphReport):
     # Share of the whole timed calls (all graphs, inline eager and stitching included).
     total_run = report.timing.total_s if report.timing else sum(p.run_s for p in g.partitions)
     timed = any(p.calls for p in g.partitions)
-    t = Table(title=f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
+    t = Table(title=f"graph {g.graph_id} ({g.kind}{', ' + g.model if g.model else ''}): "
+                    f"{g.nodes} nodes, "
                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
                     f"policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms",
               title_justify="left", box=box.SIMPLE_HEAD, expand=True)
