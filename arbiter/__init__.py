@@ -1,35 +1,57 @@
 """torch-arbiter: one torch.compile backend that splits graphs across many backends.
 
     import torch, arbiter
-    out = torch.compile(model, backend="arbiter")(x)          # embedded default config
-    be = arbiter.Arbiter("my.yaml")
-    out = torch.compile(model, backend=be)(x)
-    print(be.report())                                        # what actually ran where
+    compiled = torch.compile(model, backend="arbiter")        # embedded default config
+    compiled(x)
+    print(arbiter.report_for(compiled))                       # what ran where, this model
+    compiled = torch.compile(model, backend="arbiter", mode="max-autotune",
+                             options={"config": "my.yaml", "min_block_size": 2})
     print(arbiter.explain(model, x, config="my.yaml"))        # the plan, without compiling
 
-Heavy packages (onnxruntime, openvino, triton...) are imported by their backend, on use.
+``report_for(compiled)``: one compiled model; ``reports()``: every model compiled in this
+process; ``last_report()``: the model compiled last with ``backend="arbiter"``. Heavy
+packages (onnxruntime, openvino, triton...) are imported by their backend, on use.
+
+The names below are loaded on first use (PEP 562), so ``import arbiter`` (and the
+``arbiter`` command's ``--help``) does not import torch. No function shadows a submodule:
+``arbiter.report`` is the report subpackage, ``arbiter.report_for`` the function.
 """
 from __future__ import annotations
 
-from ._version import __version__
-from .arbiter import Arbiter
-from .config import Config, load_config
-from .dryrun import explain, partition
-from .dynamo import last_arbiter
-from .errors import ArbiterError, ConfigError, ManifestError, UnknownBackendError, UnknownOpError
-from .plan.policy import Policy, register_policy
-from .registry import Backend, backend_names, get_backend_class, register_backend
-from .report import Report
+import importlib
+from typing import Any
 
-__all__ = [
-    "Arbiter", "ArbiterError", "Backend", "Config", "ConfigError", "ManifestError", "Policy",
-    "Report", "UnknownBackendError", "UnknownOpError", "__version__", "backend_names",
-    "explain", "get_backend_class", "last_report", "load_config", "partition",
-    "register_backend", "register_policy",
-]
+from ._version import __version__  # noqa: F401 - public
+
+#: public name -> the module that defines it
+_NAMES = {
+    "Arbiter": "arbiter", "Config": "config", "load_config": "config",
+    "explain": "dryrun", "partition": "dryrun",
+    "last_arbiter": "dynamo", "last_report": "dynamo", "reports": "dynamo",
+    "ArbiterError": "errors", "ConfigError": "errors", "ManifestError": "errors",
+    "UnknownBackendError": "errors", "UnknownOpError": "errors",
+    "Policy": "plan.policy", "register_policy": "plan.policy",
+    "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
+    "register_backend": "registry", "Report": "report", "report_for": "dynamo",
+}
+
+__all__ = sorted([*_NAMES, "__version__"])
 
 
-def last_report() -> Report | None:
-    """The report of the most recent ``backend="arbiter"`` compile in this process."""
-    be = last_arbiter()
-    return be.report() if be is not None else None
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    else:
+        try:  # a submodule: arbiter.dynamo, arbiter.ops...
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES))

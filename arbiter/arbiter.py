@@ -30,23 +30,45 @@ from ._version import __version__
 from .cache import from_options as cache_from_options
 from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
+from .errors import ConfigError, warn_at_user_line
+from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import get_policy
+from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
-from .report import BackendStatus, Report
+from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
 from .report.build import graph_report
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
-from .run.record import GraphRecord
+from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
+from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
 
 log = logging.getLogger(__name__)
+
+#: every Arbiter that compiled a graph, in order of its first graph (weakly held)
+_ARBITERS: list = []
+_ARBITERS_LOCK = threading.Lock()
+
+
+def arbiters() -> list["Arbiter"]:
+    """The live Arbiters that compiled a graph in this process, oldest first."""
+    with _ARBITERS_LOCK:
+        _ARBITERS[:] = [r for r in _ARBITERS if r() is not None]
+        return [b for b in (r() for r in _ARBITERS) if b is not None]
+
+
+def forget(dropped: Sequence["Arbiter"]) -> None:
+    """Leave ``dropped`` out of ``arbiters()`` (Dynamo was reset: their graphs are gone)."""
+    ids = {id(b) for b in dropped}
+    with _ARBITERS_LOCK:
+        _ARBITERS[:] = [r for r in _ARBITERS if r() is not None and id(r()) not in ids]
 
 
 class Arbiter:
@@ -66,6 +88,8 @@ class Arbiter:
         for name in self.config.chain_names():
             cls = get_backend_class(name)
             backend = cls(cls.Options.model_validate(self.config.options_for(name)))
+            if name in self.config.manifests:  # a user's manifest (`arbiter probe --out`)
+                backend.use_manifest(self.config.manifests[name])
             try:
                 ok, why = backend.available()
             except Exception as exc:  # noqa: BLE001 - a broken install (not only ImportError)
@@ -86,9 +110,10 @@ class Arbiter:
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights"}))
+                "decompositions", "freeze_weights", "manifests"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
+        self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
         self._lock = threading.Lock()
         # every live compiled-by-a-backend piece (set_timing); weak, so pieces replaced
         # when weights are re-frozen are freed with their sessions and weights
@@ -99,14 +124,36 @@ class Arbiter:
             if name not in self.unavailable:
                 names += [d for d in backend.manifest().decompositions if d not in names]
         self._decompositions = decomposition_table(names)
+        self._decomposed = sorted({op_name(k) for k in self._decompositions})
+        self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
+        self._warned: set = set()
         if not dry_run:  # one thread budget and arena per process, before any compile
             apply_resources(self.config.resources,
                             [b for n, b in self.backends.items() if n not in self.unavailable],
                             first_backend=self.config.backends[0].name)
 
     # -- torch.compile backend -------------------------------------------------------
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
-        return lower(gm, example_inputs, self._compile_graph,
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 **kwargs: Any) -> Callable:
+        if kwargs:  # torch.compile(backend=Arbiter(...), mode=... or options=...)
+            raise ConfigError(
+                f"torch.compile({', '.join(f'{k}=...' for k in sorted(kwargs))}) with an "
+                "Arbiter instance: its config is fixed when it is made; put the settings in "
+                "Arbiter(config), or use backend=\"arbiter\", which reads options and mode",
+                file="torch.compile(...)", key=sorted(kwargs)[0])
+        owner = current_owner()  # the compiled model this graph belongs to (its report)
+        with self._lock:
+            first = not self._dynamo_graphs
+            self._dynamo_graphs.append(dynamo_graph(gm, owner))
+        if first:
+            with _ARBITERS_LOCK:
+                _ARBITERS.append(weakref.ref(self))
+
+        def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
+            # the backward graph compiles later, at the first backward: owner kept here
+            return self._compile_graph(graph, kind, constants, owner=owner)
+
+        return lower(gm, example_inputs, compile_graph,
                      decompositions=self._decompositions,
                      freeze_weights=self.config.freeze_weights)
 
@@ -121,7 +168,8 @@ class Arbiter:
             return list(self._graphs)
 
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
-                       constants: dict[torch.fx.Node, torch.Tensor]) -> Callable:
+                       constants: dict[torch.fx.Node, torch.Tensor],
+                       owner: Owner = UNKNOWN) -> Callable:
         start = time.perf_counter()
         choice = self.policy.choose(self.planner, gm)
         plan_s = time.perf_counter() - start
@@ -137,14 +185,18 @@ class Arbiter:
 
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
-                             frozenset(constants))
+                             frozenset(constants), owner=owner)
         with self._lock:
             self._graphs.append(record)
+        self._check_rules(gm, kind, label)
         plan = choice.plan
-        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s)", label,
+        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s); "
+                 "%d to compile", label,
                  sum(p.size for p in plan.partitions), len(plan.partitions),
                  ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3,
-                 choice.outcome.policy)
+                 choice.outcome.policy,
+                 0 if self.dry_run else sum(p.backend not in self.planner.inline
+                                            for p in plan.partitions))
         fn: Callable = stitched
         if self.policy.measures and len(choice.candidates) > 1:
             fn = MeasuredGraph(self.planner, self.config.measure, self.cache, gm, constants,
@@ -153,6 +205,30 @@ class Arbiter:
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn
+
+    def _rules(self) -> list[tuple[str, str, str]]:
+        return [("pin", op, b) for op, b in self.config.pin.items()] + \
+            [("exclude", op, "") for op in self.config.exclude_ops]
+
+    def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
+        """Warn (once per rule) about a pin or exclude that names no op of the graphs
+        compiled so far. A forward graph waits for its backward, which may hold the op."""
+        rules = self._rules()
+        if not rules:
+            return
+        with self._lock:
+            self._seen_ops |= graph_ops(gm)
+            seen = set(self._seen_ops)
+        if kind == "forward":
+            return
+        for rule, op, backend in rules:
+            if (rule, op) in self._warned or any(names(op, o) for o in seen):
+                continue
+            self._warned.add((rule, op))
+            msg = unmatched_message(rule, op, backend, seen, self._decomposed,
+                                    where=f" in the graphs compiled so far (up to {label})")
+            log.debug("%s", msg)
+            warn_at_user_line(f"arbiter: {msg}")
 
     def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
                  record: GraphRecord, label: str) -> Callable:
@@ -225,10 +301,38 @@ class Arbiter:
             piece.timed = self._timed
             self._pieces.add(piece)
 
-    def report(self, *, advice: bool = True) -> Report:
+    def _rule_warnings(self, graphs: list[GraphRecord], reports: list) -> list[str]:
+        """Pins and excludes that apply to no node of ``graphs``; pins their backend did
+        not take everywhere, with why (the report's ``warnings``)."""
+        out = []
+        seen = set().union(*(graph_ops(g.plan.graph_module) for g in graphs)) if graphs else set()
+        for rule, op, backend in self._rules():
+            if graphs and not any(names(op, o) for o in seen):
+                out.append(unmatched_message(rule, op, backend, seen, self._decomposed))
+        for r in reports:
+            for rule in r.rules:
+                if rule.kind == "pin" and rule.applied < rule.nodes:
+                    why = "; ".join(f"{n} node(s): {w}" for w, n in rule.why_not.items())
+                    out.append(f"pin {rule.op} -> {rule.backend}: {rule.applied} of "
+                               f"{rule.nodes} node(s) of graph {r.graph_id} on {rule.backend}"
+                               f"; {why}")
+        return out
+
+    def owners(self) -> list[Owner]:
+        """The compiled models this Arbiter made graphs for, in order of their first graph."""
+        with self._lock:
+            seen = [g.owner for g in self._dynamo_graphs] + [g.owner for g in self._graphs]
+        return list(dict.fromkeys(seen))
+
+    def report(self, model: Any = None, *, advice: bool = True) -> Report:
         """What ran where: built from the live records, so fallbacks show at once.
 
-        ``advice`` replans each graph under other settings (fast: planning is linear)."""
+        ``model``: only the graphs of that model (a compiled model, or the module or
+        function that was compiled; run/owner.py); None: every graph this Arbiter
+        compiled, each labelled with its model. ``advice`` replans each graph under
+        other settings (fast: planning is linear). Dynamo's graph breaks are those seen
+        while compiling (what ``torch._dynamo.explain`` would count)."""
+        wanted = model if isinstance(model, Owner) or model is None else owner_of(model)
         statuses = []
         versions = {"python": platform.python_version(), "torch": torch.__version__,
                     "arbiter": __version__}
@@ -237,13 +341,27 @@ class Arbiter:
             version = safe_version(backend) if ok else None
             statuses.append(BackendStatus(name=name, available=ok,
                                           reason=self.unavailable.get(name, ""),
-                                          version=version))
+                                          version=version, color=backend.color))
             versions[name] = version or ("unavailable" if not ok else "unknown")
         graphs = self.graphs
+        with self._lock:
+            dynamo = list(self._dynamo_graphs)
+        if wanted is not None:
+            graphs = [g for g in graphs if matches(g.owner, wanted)]
+            dynamo = [d for d in dynamo if matches(d.owner, wanted)]
+        breaks = GraphBreakReport(graphs=len(dynamo), breaks=sum(d.graph_break for d in dynamo),
+                                  reasons=[d.reason for d in dynamo if d.graph_break]) \
+            if dynamo else None
         tips = advise([g.plan for g in graphs], self.planner.table, self.config.min_block_size,
                       (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
+        names = list(dict.fromkeys(str(g.owner) for g in graphs))
+        reports = [graph_report(g, self.backends, self.config.pin, self.config.exclude_ops)
+                   for g in graphs]
         return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
+                      model=str(wanted) if wanted is not None else ", ".join(names) or None,
+                      graph_breaks=breaks,
                       config_dump=self.config.model_dump(mode="json"), versions=versions,
-                      advice=tips, graphs=[graph_report(g, self.backends) for g in graphs],
+                      advice=tips, warnings=self._rule_warnings(graphs, reports),
+                      graphs=reports,
                       resources={} if self.dry_run else resources_in_force())
 

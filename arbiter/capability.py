@@ -91,6 +91,9 @@ class NodeSupport:
 
     candidates: tuple[str, ...]
     refusals: dict[str, str] = field(default_factory=dict)
+    #: the backend a config `pin` gives this node (it is able, and first): the
+    #: partitioner never moves it off for `min_block_size`
+    pinned: str = ""
 
 
 class CapabilityTable:
@@ -211,6 +214,7 @@ class CapabilityTable:
         if pinned in candidates:
             candidates.remove(pinned)
             candidates.insert(0, pinned)
+            return NodeSupport(tuple(candidates), refusals, pinned)
         return NodeSupport(tuple(candidates), refusals)
 
     @staticmethod

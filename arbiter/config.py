@@ -10,8 +10,8 @@ A config is YAML (or a dict, or a ``Config``)::
     policy: priority           # how a backend is chosen among those able to run a node
     min_block_size: 3          # smaller partitions go to the next able backend
     exclude_ops: [aten.gelu]   # never given to a backend other than eager
-    pin: {aten.softmax.int: inductor}   # this op goes to this backend when it can run it
-    decompositions: [aten.gelu]          # decomposed before partitioning
+    pin: {aten._softmax: inductor}   # this op goes to this backend when it can run it
+    decompositions: [aten.silu]      # decomposed before partitioning
     freeze_weights: true       # inference graphs: weights become constants of the pieces
     refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
 
@@ -29,7 +29,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Vali
 
 from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
                      did_you_mean, require_known, unknown_name)
-from .manifest import DTYPES
+from .manifest import DTYPES, load_manifest
 from .ops import resolve
 from .plan.policy import policy_names
 from .registry import aten_fallback, backend_names, get_backend_class
@@ -185,10 +185,17 @@ class Config(BaseModel):
                                           "eager may run")
     pin: dict[str, str] = Field(
         default_factory=dict, description="op -> backend: that backend gets the op whenever "
-                                          "its manifest allows, whatever its priority")
+                                          "its manifest allows, whatever its priority and "
+                                          "`min_block_size`; ops are named as lowered "
+                                          "(`aten._softmax`, not `aten.softmax`)")
     decompositions: list[str] = Field(
         default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
                                           "before partitioning, on top of the backends' own")
+    manifests: dict[str, str] = Field(
+        default_factory=dict, description="backend -> a capability manifest file to use "
+                                          "instead of the shipped one (`arbiter probe "
+                                          "BACKEND --write --out FILE` writes one); a "
+                                          "relative path is relative to this config file")
     freeze_weights: bool = Field(
         True, description="inference graphs hand parameters and buffers to backends as "
                           "constants (folded, prepacked); every call checks that the model "
@@ -272,6 +279,19 @@ def _check_semantics(config: Config, located: Located) -> Config:
         if backend not in chain:
             raise located.error(("pin", op), f"backend {backend!r} is not in this config"
                                 f"{did_you_mean(backend, chain)}; configured: {', '.join(chain)}")
+    base = Path(located.file).parent if located.file and not located.file.startswith("<") \
+        and Path(located.file).exists() else Path.cwd()
+    for name, path in config.manifests.items():
+        if name not in chain:
+            raise located.error(("manifests", name), f"backend {name!r} is not in this config"
+                                f"{did_you_mean(name, chain)}; configured: {', '.join(chain)}")
+        full = Path(path).expanduser()
+        full = full if full.is_absolute() else base / full
+        try:
+            load_manifest(full, backend=name)
+        except ArbiterError as exc:
+            raise located.error(("manifests", name), f"cannot use {str(full)!r}: {exc}") from None
+        config.manifests[name] = str(full)
     return config
 
 
@@ -314,6 +334,12 @@ def _from_located(located: Located) -> Config:
 
 
 ConfigLike = Union[None, str, Path, dict, Config]
+
+
+def config_from_dict(data: dict, source: str) -> Config:
+    """A Config from a dict whose errors name ``source`` as where it came from
+    (``torch.compile(options=...)``, say)."""
+    return _from_located(Located(data, {}, source))
 
 
 def load_config(src: ConfigLike = None) -> Config:

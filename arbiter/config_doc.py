@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined

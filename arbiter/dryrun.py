@@ -16,7 +16,8 @@ def graph_breaks(model: Any, *inputs: Any) -> GraphBreakReport:
     """Dynamo's graph breaks for ``model(*inputs)``, from ``torch._dynamo.explain``.
 
     PyTorch's explain resets Dynamo's caches before and after (models compiled earlier
-    in the process recompile on their next call): call it before compiling.
+    in the process recompile on their next call). ``explain`` and ``Arbiter.report`` do
+    not use it: they count the breaks of their own compile.
     """
     out = torch._dynamo.explain(model)(*inputs)
     reasons = []
@@ -38,13 +39,16 @@ def explain(model: torch.nn.Module, *inputs: Any, config: ConfigLike = None,
     The model runs once in eager under Dynamo and AOTAutograd (so graph breaks and the
     backward graph are seen); no backend compiles anything. With ``backward`` and
     outputs that need gradients, the backward graph is traced too, through
-    ``torch.autograd.grad`` (no ``.grad`` of the model is touched). With ``breaks``,
-    Dynamo's graph breaks are counted first by ``torch._dynamo.explain``, which resets
-    Dynamo's caches (see ``graph_breaks``).
+    ``torch.autograd.grad`` (no ``.grad`` of the model is touched). With ``breaks``, the
+    report holds Dynamo's graph breaks as this trace saw them.
+
+    Other compiled models are left alone: Dynamo's caches are not reset, and where
+    torch.compile has ``isolate_recompiles`` this trace's cache entries are kept apart
+    (they count against no other compile's recompile limit).
     """
-    found = graph_breaks(model, *inputs) if breaks else None
     be = Arbiter(config, dry_run=True)
-    compiled = torch.compile(model, backend=be, dynamic=dynamic)
+    kw = {"isolate_recompiles": True} if "isolate_recompiles" in _compile_params() else {}
+    compiled = torch.compile(model, backend=be, dynamic=dynamic, **kw)
     out = compiled(*inputs)
     if backward and torch.is_grad_enabled():
         flat = [t for t in flatten_outputs(out) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -53,9 +57,16 @@ def explain(model: torch.nn.Module, *inputs: Any, config: ConfigLike = None,
         if flat and wrt:
             torch.autograd.grad(flat, wrt, [torch.ones_like(t) for t in flat],
                                 allow_unused=True)
-    report = be.report()
-    report.graph_breaks = found
+    report = be.report()  # this Arbiter traced this model only
+    if not breaks:
+        report.graph_breaks = None
     return report
+
+
+def _compile_params() -> set[str]:
+    import inspect
+
+    return set(inspect.signature(torch.compile).parameters)
 
 
 def partition(graph_module: torch.fx.GraphModule, config: ConfigLike = None) -> Plan:

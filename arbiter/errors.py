@@ -6,7 +6,9 @@ attributes, and its message says what would have been valid.
 from __future__ import annotations
 
 import difflib
+import sys
 import traceback
+import warnings
 from collections.abc import Iterable
 
 
@@ -40,6 +42,30 @@ def describe(exc: BaseException) -> str:
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     loc = f" [at {where[0].filename.rsplit('/', 1)[-1]}:{where[0].lineno}]" if where else ""
     return f"{type(exc).__name__}: {first[:300]}{loc}"
+
+
+def _user_frame():
+    """The innermost frame outside torch, arbiter and the standard library's wrappers:
+    the user's line that called the compiled model (or torch.compile)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == "torch" or name.startswith(("torch.", "arbiter", "importlib",
+                                                     "contextlib", "functools"))):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def warn_at_user_line(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the user's line (not to arbiter or Dynamo)."""
+    frame = _user_frame()
+    if frame is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"),
+                           registry=frame.f_globals.setdefault("__warningregistry__", {}))
 
 
 class ArbiterError(Exception):

@@ -81,6 +81,9 @@ class Backend:
     install_hint: ClassVar[str] = ""
     #: True for the backend whose partitions are ATen nodes run in place (eager).
     inline_aten: ClassVar[bool] = False
+    #: the color reports draw this backend in (CSS, "#rrggbb"), the same in every file;
+    #: "" lets the report pick one from the name
+    color: ClassVar[str] = ""
     #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
     validators: ClassVar[dict[str, Validator]] = {}
 
@@ -110,6 +113,12 @@ class Backend:
             cached = load_manifest(cls.manifest_path(), backend=cls.name)
             cls._manifest_cache = cached
         return cached
+
+    def use_manifest(self, path: str | Path) -> None:
+        """Read this instance's capabilities from ``path`` instead of the shipped manifest
+        (a config's ``manifests:``); the class and other instances keep theirs."""
+        loaded = load_manifest(path, backend=self.name)
+        self.manifest = lambda: loaded  # shadows the classmethod, for this instance only
 
     @classmethod
     def declared_ops(cls) -> Optional[dict]:

@@ -7,6 +7,7 @@ from arbiter.registry import Backend, register_backend
 @register_backend
 class Eager(Backend):
     name = "eager"
+    color = "#9d9d9d"  # fixed in every report (arbiter/report/html.py)
     inline_aten = True
 
     def compile(self, gm, example_inputs):

@@ -87,6 +87,7 @@ def _batch_norm_training(node) -> Optional[str]:
 @register_backend
 class OnnxRuntime(Backend):
     name = "onnxruntime"
+    color = "#4e79a7"  # fixed in every report (arbiter/report/html.py)
     Options = OrtOptions
     install_hint = "pip install 'torch-arbiter[onnxruntime]'"
     validators = {

@@ -133,6 +133,7 @@ def _full_variance(node) -> Optional[str]:
 @register_backend
 class OpenVino(Backend):
     name = "openvino"
+    color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
     validators = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,

@@ -123,4 +123,7 @@ def test_same_config_shares_one_arbiter(fresh_dynamo):
     torch.testing.assert_close(
         torch.compile(g, backend="arbiter", options={"config": dict(cfg)})(x), g(x))
     assert last_arbiter() is first
-    assert len(arbiter.last_report().graphs) == 2
+    # one Arbiter, two compiled functions: one report each; the Arbiter sees both
+    assert len(arbiter.last_report().graphs) == 1
+    assert "aten.sigmoid.default" in {o.op for o in arbiter.last_report().graphs[0].ops}
+    assert len(first.report().graphs) == 2

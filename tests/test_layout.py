@@ -29,7 +29,7 @@ LAYERS = [
     ("arbiter.run",),
     ("arbiter.report",),
     ("arbiter.arbiter", "arbiter.dynamo", "arbiter.dryrun"),
-    ("arbiter.probe", "arbiter.config_doc"),
+    ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),
     ("arbiter.cli",),
 ]
 

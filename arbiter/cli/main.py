@@ -4,6 +4,7 @@
     arbiter explain MODEL [--config C]   the plan for a model, without compiling
     arbiter demo [--model M] [--config C]  compile a model, check it, show report and speed
     arbiter manifest BACKEND [--write]   (re)generate a backend's capability manifest
+    arbiter schema [--report] [--write]  the config's JSON Schema (or the report's)
 
 MODEL is a built-in example (`arbiter explain --list`) or ``path/to/file.py:factory``,
 a function returning ``(model, example_inputs)``.
@@ -66,6 +67,14 @@ def cmd_manifest(args) -> int:
     return 0
 
 
+def cmd_schema(args) -> int:
+    if args.report:
+        from ..report.schema import main as schema_main
+    else:
+        from ..config_schema import main as schema_main
+    return schema_main(["--write"] if args.write else [])
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -90,7 +99,10 @@ class _null:
 
 
 def main(argv=None) -> int:
+    from .._version import __version__
+
     parser = argparse.ArgumentParser(prog="arbiter", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"torch-arbiter {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("backends", help="list backends and whether they can run here")
@@ -105,8 +117,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("manifest", help="generate a backend's capability manifest")
     p.add_argument("backend")
     p.add_argument("--write", action="store_true", help="write capabilities/<backend>.yaml")
+    p = sub.add_parser("schema", help="the config's JSON Schema (editors complete YAML "
+                                      "with it), or the report's")
+    p.add_argument("--report", action="store_true", help="the JSON report's schema instead")
+    p.add_argument("--write", action="store_true",
+                   help="write docs/ and the package's copy instead of printing")
     handlers = {"backends": cmd_backends, "explain": cmd_explain, "demo": cmd_demo,
-                "manifest": cmd_manifest}
+                "manifest": cmd_manifest, "schema": cmd_schema}
     for name, (module_name, help_text) in _MODULE_COMMANDS.items():
         module = importlib.import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=help_text,

@@ -26,7 +26,8 @@ def add_arguments(parser) -> None:
                         help="update capabilities/<backend>.yaml: what passed, the dtypes "
                              "that failed, the ops that failed")
     parser.add_argument("--out", default=None, metavar="PATH",
-                        help="with --write: write the updated manifest here instead")
+                        help="with --write: write the updated manifest here instead (a "
+                             "config uses it with `manifests: {BACKEND: PATH}`)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
 

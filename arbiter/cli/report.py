@@ -5,13 +5,14 @@
     arbiter report my_model.py:build --json r.json --html r.html
     arbiter report mlp --config a.yaml --config b.yaml  # side by side
     arbiter report mlp --time 50                      # time 50 calls: per-partition times
+    arbiter report mlp --explorer plan                # plan.json + node data: Model Explorer
 
 MODEL is a built-in example or ``path/to/file.py:factory`` (a function returning
-``(model, example_inputs)``). Compile progress (one line per partition) goes to stderr.
+``(model, example_inputs)``). Progress (loading, tracing, a bar of partitions compiled,
+timing) and warnings go to stderr (rich on a terminal, plain lines elsewhere).
 """
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ def add_arguments(parser) -> None:
                         help="config file or shipped name; repeat to compare side by side")
     parser.add_argument("--json", metavar="PATH", help="write the report(s) as JSON")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
+    parser.add_argument("--explorer", metavar="STEM",
+                        help="write STEM.json (graphs) and STEM.backends.json, "
+                             "STEM.fallbacks.json (node data) for Google's Model Explorer")
     parser.add_argument("--dry-run", action="store_true",
                         help="plan only (arbiter.explain): nothing is compiled")
     parser.add_argument("--time", type=int, default=0, metavar="N",
@@ -34,40 +38,9 @@ def add_arguments(parser) -> None:
                         help="trace with gradients: forward and backward graphs "
                              "(default: inference: model.eval(), under torch.no_grad)")
     parser.add_argument("--no-breaks", action="store_true",
-                        help="skip counting Dynamo's graph breaks (torch._dynamo.explain)")
+                        help="leave Dynamo's graph breaks (counted while compiling) out")
     parser.add_argument("--width", type=int, default=100, help="terminal width of the tables")
-    parser.add_argument("--quiet", action="store_true", help="no compile progress on stderr")
-
-
-class _Progress(logging.Handler):
-    """Prints the runtime's compile and fallback messages, numbered, to stderr."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        msg = record.getMessage()
-        if record.levelno == logging.INFO and ": compiling with " in msg:
-            self.count += 1
-            msg = f"[{self.count}] {msg}"
-        print(f"arbiter: {msg}", file=sys.stderr, flush=True)
-
-
-def _attach_progress(quiet: bool):
-    logger = logging.getLogger("arbiter.run.piece")
-    saved = (logger.level, logger.propagate)
-    handler = _Progress()
-    if not quiet:
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False  # one line each, not also through the root handler
-
-    def detach():
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-    return detach
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def _label(spec, k: int) -> str:
@@ -78,20 +51,27 @@ def _label(spec, k: int) -> str:
 
 
 def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_calls: int,
-                 label: str = ""):
+                 label: str = "", progress=None):
     """One report for ``model`` under ``config`` (compiled and run unless ``dry_run``)."""
     import torch
 
     from ..arbiter import Arbiter
+    from ..config import load_config
     from ..dryrun import explain, flatten_outputs
     from ..report import TimingReport
+    from .progress import Progress
 
+    progress = progress or Progress(quiet=True)
     grad = torch.enable_grad() if train else torch.no_grad()
     torch._dynamo.reset()
+    progress.stage(f"{label or 'config'}: tracing (Dynamo, AOTAutograd), planning"
+                   + ("" if dry_run else ", compiling"))
     if dry_run:
         with grad:
-            report = explain(model, *inputs, config=config, breaks=False, backward=train)
+            report = explain(model, *inputs, config=config, backward=train)
     else:
+        config = load_config(config)
+        config.measure.progress = False  # measuring shows in this command's progress
         be = Arbiter(config)
         compiled = torch.compile(model, backend=be)
         with grad:
@@ -103,13 +83,16 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
                     torch.autograd.backward(flat, [torch.ones_like(t) for t in flat])
             timing = None
             if time_calls > 0:
+                progress.stage(f"{label or 'config'}: timing {time_calls} calls", time_calls)
                 be.set_timing(True)
-                start = time.perf_counter()
+                total = 0.0
                 for _ in range(time_calls):
+                    start = time.perf_counter()
                     compiled(*inputs)
-                total = time.perf_counter() - start
+                    total += time.perf_counter() - start
+                    progress.advance(f"{label or 'config'}: timing {time_calls} calls")
                 be.set_timing(False)
-        report = be.report()
+        report = be.report()  # this Arbiter compiled this model only
         if time_calls > 0:
             pieces = sum(p.run_s for g in report.graphs for p in g.partitions)
             timing = TimingReport(
@@ -124,30 +107,26 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 def run(args) -> int:
     import torch
 
-    from ..dryrun import graph_breaks
+    from .progress import Progress
+
     from ..report.text import render
     from .examples import load_model
 
-    model, inputs = load_model(args.model)
-    inputs = tuple(inputs)
-    if not args.train and isinstance(model, torch.nn.Module):
-        model.eval()  # inference: dropout off, batch norm on running statistics
-    breaks = None
-    if not args.no_breaks:
-        with torch.enable_grad() if args.train else torch.no_grad():
-            breaks = graph_breaks(model, *inputs)
     configs = args.config or [None]
     reports = []
-    detach = _attach_progress(args.quiet)
-    try:
+    with Progress(quiet=args.quiet, verbose=getattr(args, "verbose", False)) as progress:
+        progress.stage(f"loading {args.model}")
+        model, inputs = load_model(args.model)
+        inputs = tuple(inputs)
+        if not args.train and isinstance(model, torch.nn.Module):
+            model.eval()  # inference: dropout off, batch norm on running statistics
         for k, cfg in enumerate(configs):
             r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=args.train,
-                             time_calls=args.time, label=_label(cfg, k))
+                             time_calls=args.time, label=_label(cfg, k), progress=progress)
             r.model = args.model
-            r.graph_breaks = breaks
+            if args.no_breaks:
+                r.graph_breaks = None
             reports.append(r)
-    finally:
-        detach()
     sys.stdout.write(render(reports, width=args.width, color=sys.stdout.isatty()))
     if args.json:
         from ..report import Report
@@ -166,4 +145,10 @@ def run(args) -> int:
 
         Path(args.html).write_text(render_html(reports), encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
+    if args.explorer:
+        from ..report.explorer import write_explorer
+
+        paths = write_explorer(reports, args.explorer)
+        print(f"wrote {', '.join(map(str, paths))} (model-explorer {paths[0]} "
+              f"--node_data_paths={paths[1]},{paths[2]})", file=sys.stderr)
     return 0

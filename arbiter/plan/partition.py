@@ -17,7 +17,9 @@ nodes and 63 s at 5,000 here. This partitioner is linear in nodes + edges:
    and runs left adjacent with the same backend are merged.
 4. A partition with fewer than ``min_block_size`` compute nodes (not counting ``getitem``)
    gives its nodes to their next able backend, and the plan is rebuilt. Each round
-   removes a candidate from some node, so there are at most (#backends) rounds.
+   removes a candidate from some node, so there are at most (#backends) rounds. A node
+   pinned to that backend (``NodeSupport.pinned``: a config ``pin``) stays: a pin wins
+   over ``min_block_size``, so a small partition of pinned nodes is kept.
 
 Queues are FIFO in graph order and ties break by graph order: the same graph and config
 always give the same plan.
@@ -130,13 +132,16 @@ def _partition_graph(gm: torch.fx.GraphModule, table: SupportTable,
         small = [r for r in runs if r[0] != fallback
                  and (len(r[1]) < min_block_size or getitems and
                       sum(1 for i in r[1] if allowed[i] is not None) < min_block_size)]
-        if not small:
-            break
+        changed = False
         for backend, members in small:
             for i in members:
                 a = allowed[i]
-                if a is not None and backend in a and len(a) > 1:
+                if a is not None and backend in a and len(a) > 1 \
+                        and support[i].pinned != backend:
                     a.remove(backend)
+                    changed = True
+        if not changed:  # none, or only pinned nodes left small
+            break
 
     partitions = [Partition(k, backend, [nodes[i] for i in members])
                   for k, (backend, members) in enumerate(runs)]

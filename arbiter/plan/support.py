@@ -45,7 +45,8 @@ class Preferred:
         for node, sup in zip(nodes, self._table.support_all(nodes)):
             b = self._prefer(node)
             if b is not None and sup.candidates[0] != b and (self._force or b in sup.candidates):
-                sup = NodeSupport((b, *(c for c in sup.candidates if c != b)), sup.refusals)
+                sup = NodeSupport((b, *(c for c in sup.candidates if c != b)), sup.refusals,
+                                  sup.pinned)
             out.append(sup)
         return out
 

@@ -2,9 +2,9 @@
 (``build``) with computed advice (``advice``), rendered as rich text (``text``), a
 self-contained HTML page (``html``) and JSON with a published schema (``schema``)."""
 from .model import (AdviceReport, BackendStatus, FallbackReport, GraphBreakReport, GraphReport,
-                    NodeReport, OpReport, PartitionReport, RefusalReport, Report, TensorReport,
-                    TimingReport, WeightEventReport)
+                    NodeReport, OpReport, PartitionReport, RefusalReport, Report, RuleReport,
+                    TensorReport, TimingReport, WeightEventReport)
 
 __all__ = ["AdviceReport", "BackendStatus", "FallbackReport", "GraphBreakReport", "GraphReport",
-           "NodeReport", "OpReport", "PartitionReport", "RefusalReport", "Report",
+           "NodeReport", "OpReport", "PartitionReport", "RefusalReport", "Report", "RuleReport",
            "TensorReport", "TimingReport", "WeightEventReport"]

@@ -6,6 +6,7 @@ manifests; nothing compiles or runs. ``graph_report`` is the entry point.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -15,10 +16,11 @@ import torch.fx
 
 from ..ops import is_getitem, op_name, tensors_in
 from ..plan.partition import Partition, Plan
+from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    RefusalReport, TensorReport, WeightEventReport)
+                    RefusalReport, RuleReport, TensorReport, WeightEventReport)
 
 
 def _shape(t: torch.Tensor) -> list[Any]:
@@ -151,6 +153,23 @@ def coverage(plan: Plan, backends: Mapping[str, Backend]) -> dict[str, float]:
             for b in backends}
 
 
+_PATH_PARTS = re.compile(r"\._modules\['([^']*)'\]|\[(\d+)\]|\['([^']*)'\]")
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The innermost module a node comes from, as a dotted path (``encoder.layer.5.attention``),
+    from Dynamo's ``nn_module_stack`` (kept on ATen nodes by AOTAutograd); "" if none."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    path = last[0] if isinstance(last, tuple) else str(last)
+    path = _PATH_PARTS.sub(lambda m: "." + (m.group(1) or m.group(2) or m.group(3)), str(path))
+    # the compiled callable's own name: `self`, or `fn` (Dynamo's wrap_inline of a module)
+    path = re.sub(r"^(L\.self\b|L\.fn\b|L\.|self\b)", "", path)
+    return path.strip(".")
+
+
 def node_reports(plan: Plan) -> list[NodeReport]:
     """Every compute node with its inputs; getitems are folded into their producer."""
     part_id = {n: p.id for p in plan.partitions for n in p.nodes}
@@ -174,11 +193,47 @@ def node_reports(plan: Plan) -> list[NodeReport]:
             out.append(NodeReport(
                 name=n.name, op=op_name(n.target), partition=part_id[n],
                 inputs=list(dict.fromkeys(ins)), shape=_shape(ts[0]) if ts else [],
-                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else ""))
+                dtype=str(ts[0].dtype).removeprefix("torch.") if ts else "",
+                module=module_path(n)))
     return out
 
 
-def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport:
+def rule_reports(plan: Plan, parts: list[PartitionReport], pin: Mapping[str, str],
+                 exclude: list[str], policy: str = "priority") -> list[RuleReport]:
+    """What each pin and exclude did in this graph: nodes it names, nodes it holds for,
+    and why not for the others (the backend refused, a runtime fallback, the policy)."""
+    part_of = {n: x for p, x in zip(plan.partitions, parts) for n in p.nodes}
+    fallback = plan.fallback
+    out = []
+    rules = [("pin", op, b) for op, b in pin.items()] + [("exclude", op, None) for op in exclude]
+    for kind, rule_op, backend in rules:
+        nodes = applied = 0
+        why: Counter = Counter()
+        for node, sup in plan.support.items():
+            if is_getitem(node) or not names(rule_op, op_name(node.target)):
+                continue
+            nodes += 1
+            part = part_of.get(node)
+            runs = (part.backend if part.compiled else part.planned_backend) if part else "?"
+            target = backend if kind == "pin" else fallback
+            if runs == target:
+                applied += 1
+            elif kind == "pin" and backend in sup.refusals:
+                why[f"{backend} refused: {sup.refusals[backend]}"] += 1
+            elif part is not None and part.planned_backend == target and part.fallbacks:
+                f = part.fallbacks[-1]
+                why[f"fell back at {f.stage}: {f.from_backend} -> {f.to_backend}: "
+                    f"{f.reason}"] += 1
+            else:
+                why[f"policy {policy} placed it on {runs}"] += 1
+        out.append(RuleReport(kind=kind, op=rule_op, backend=backend, nodes=nodes,
+                              applied=applied, why_not=dict(why)))
+    return out
+
+
+def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
+                 pin: Optional[Mapping[str, str]] = None,
+                 exclude: Optional[list[str]] = None) -> GraphReport:
     """The report of one compiled graph, from its live record: fallbacks show at once."""
     parts = []
     for p in g.plan.partitions:
@@ -217,7 +272,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
             planned[x.planned_backend] += x.nodes
     o = g.outcome
     return GraphReport(
-        graph_id=g.graph_id, kind=g.kind, nodes=sum(x.nodes for x in parts), partitions=parts,
+        graph_id=g.graph_id, kind=g.kind, model=str(g.owner),
+        nodes=sum(x.nodes for x in parts), partitions=parts,
         refusals=[RefusalReport(op=op, backend=b, reason=r, nodes=c)
                   for (op, b, r), c in sorted(refusals.items())],
         constants=g.constants, plan_s=round(g.plan_s, 5), policy=o.policy,
@@ -230,4 +286,5 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
-        graph=node_reports(g.plan))
+        graph=node_reports(g.plan),
+        rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy))

@@ -111,6 +111,9 @@ class NodeReport(BaseModel):
                                           "appear as `input:<name>`)")
     shape: list[Any] = Field(default_factory=list)
     dtype: str = ""
+    module: str = Field("", description="the module it comes from, as a path "
+                                        "(`encoder.layer.5.attention`; Dynamo's "
+                                        "nn_module_stack); empty for top-level code")
 
 
 class WeightEventReport(BaseModel):
@@ -121,9 +124,25 @@ class WeightEventReport(BaseModel):
                                     "or `weights as inputs` (from then on, no constants)")
 
 
+class RuleReport(BaseModel):
+    """A config `pin` or `exclude_ops` entry, and what it did in one graph."""
+
+    kind: str = Field(description="`pin` or `exclude`")
+    op: str = Field(description="the op as the config names it (`aten.x` or `aten.x.overload`)")
+    backend: Optional[str] = Field(None, description="a pin's backend")
+    nodes: int = Field(description="nodes of the graph the rule names")
+    applied: int = Field(description="of them, the nodes it holds for: a pin's run (or are "
+                                     "planned to run) on its backend, an exclude's on the "
+                                     "fallback")
+    why_not: dict[str, int] = Field(default_factory=dict,
+                                    description="for the other nodes: reason -> nodes")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
+    model: str = Field("", description="the compiled model (module class or function) "
+                           "Dynamo was tracing when it made this graph; `?` if unknown")
     nodes: int
     partitions: list[PartitionReport]
     refusals: list[RefusalReport] = Field(default_factory=list,
@@ -146,6 +165,8 @@ class GraphReport(BaseModel):
                                     description="backend -> compute nodes planned for it in "
                                                 "partitions not compiled yet")
     graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
+    rules: list[RuleReport] = Field(default_factory=list,
+                                    description="the config's pins and excludes in this graph")
     chosen: str = Field("", description="policies cost/measure: the placement chosen")
     candidates_ms: dict[str, Optional[float]] = Field(
         default_factory=dict, description="policy measure: placement -> measured ms "
@@ -166,13 +187,14 @@ class BackendStatus(BaseModel):
     available: bool
     reason: str = ""
     version: Optional[str] = None
+    color: str = Field("", description="the color reports draw it in (the backend's own)")
 
 
 class GraphBreakReport(BaseModel):
     """What Dynamo made of the model (``torch._dynamo.explain``)."""
 
-    graphs: int = Field(description="graphs Dynamo captured")
-    breaks: int = Field(description="graph breaks")
+    graphs: int = Field(description="graphs Dynamo captured (recompiles included)")
+    breaks: int = Field(description="graphs a graph break ended")
     reasons: list[str] = Field(default_factory=list, description="why, with user frames")
 
 
@@ -211,6 +233,10 @@ class Report(BaseModel):
     graphs: list[GraphReport] = Field(default_factory=list)
     resources: dict[str, Any] = Field(default_factory=dict,
                                       description="thread and memory settings in force")
+    warnings: list[str] = Field(default_factory=list,
+                                description="what the config asked for and did not get: a "
+                                            "pin or exclude that applies to no node, a pin "
+                                            "its backend could not take")
 
     def summary(self) -> str:
         parts = [p for g in self.graphs for p in g.partitions]
@@ -241,6 +267,8 @@ def render_text(report: Report) -> str:
     down = [b for b in report.backends if not b.available]
     for b in down:
         lines.append(f"backend {b.name} unavailable: {b.reason}")
+    for w in report.warnings:
+        lines.append(f"warning: {w}")
     for g in report.graphs:
         lines.append("")
         lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "

@@ -1,7 +1,8 @@
 """The published JSON Schema of ``arbiter report --json`` (docs/report.schema.json).
 
-Generated from the pydantic model, never written by hand: a test checks the file in
-docs/ equals what this module generates. After changing ``arbiter/report/model.py``::
+Generated from the pydantic model, never written by hand: a test checks the files in
+docs/ and in the package (arbiter/report/report.schema.json, shipped in the wheel) equal
+what this module generates. After changing ``arbiter/report/model.py``::
 
     python -m arbiter.report.schema --write
 
@@ -16,8 +17,9 @@ from typing import Union
 
 from .model import SCHEMA_VERSION, Report
 
-#: Where the schema is published, relative to the repository root.
+#: Where the schema is published: docs/ (a checkout) and the package (the wheel).
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "report.schema.json"
+PACKAGE_PATH = Path(__file__).resolve().parent / "report.schema.json"
 
 
 def schema() -> dict:
@@ -39,8 +41,10 @@ def schema_text() -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--write" in argv:
-        SCHEMA_PATH.write_text(schema_text())
-        print(f"wrote {SCHEMA_PATH}")
+        for path in (SCHEMA_PATH, PACKAGE_PATH):
+            if path.parent.is_dir():
+                path.write_text(schema_text())
+                print(f"wrote {path}")
     else:
         sys.stdout.write(schema_text())
     return 0

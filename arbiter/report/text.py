@@ -1,7 +1,7 @@
 """The report as terminal tables (rich), a one-line summary first.
 
 Reads only the ``Report`` model. Fits a 100-column terminal: long cells (op lists,
-refusal reasons) are cut with an ellipsis; the JSON and HTML renderings keep them whole.
+refusal reasons) wrap onto more lines, never cut.
 ``str(report)`` stays the plain, greppable rendering of ``arbiter.report``.
 """
 from __future__ import annotations
@@ -34,10 +34,12 @@ def _bytes(n: int) -> str:
 
 
 def _shapes(ts) -> str:
-    """The first tensor's shape and how many more: the table stays one line a partition."""
+    """The first data tensor's shape (frozen weights, `constant`, come last) and how many
+    more: the table stays one line a partition."""
     if not ts:
         return "-"
-    text = "x".join(map(str, ts[0].shape)) or "()"
+    first = next((t for t in ts if t.source != "constant"), ts[0])
+    text = "x".join(map(str, first.shape)) or "()"
     return text + (f" +{len(ts) - 1}" if len(ts) > 1 else "")
 
 
@@ -56,19 +58,20 @@ def _graph_tables(report: Report, g: GraphReport):
     # Share of the whole timed calls (all graphs, inline eager and stitching included).
     total_run = report.timing.total_s if report.timing else sum(p.run_s for p in g.partitions)
     timed = any(p.calls for p in g.partitions)
-    t = Table(title=f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
+    t = Table(title=f"graph {g.graph_id} ({g.kind}{', ' + g.model if g.model else ''}): "
+                    f"{g.nodes} nodes, "
                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
                     f"policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms",
               title_justify="left", box=box.SIMPLE_HEAD, expand=True)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("backend", no_wrap=True)
     t.add_column("nodes", justify="right", no_wrap=True)
-    t.add_column("in -> out", overflow="ellipsis", no_wrap=True, max_width=26)
+    t.add_column("in -> out", overflow="fold", max_width=26)
     t.add_column("bytes in/out", justify="right", no_wrap=True)
     t.add_column("compile", justify="right", no_wrap=True)
     if timed:
         t.add_column("run/call (share)", justify="right", no_wrap=True)
-    t.add_column("ops", overflow="ellipsis", no_wrap=True, ratio=1)
+    t.add_column("ops", overflow="fold", ratio=1)
     for p in g.partitions:
         ops = ", ".join(f"{_short(k)}x{v}" if v > 1 else _short(k)
                         for k, v in sorted(p.ops.items(), key=lambda kv: -kv[1]))
@@ -123,11 +126,11 @@ def _graph_tables(report: Report, g: GraphReport):
 
     ops = Table(title=f"graph {g.graph_id}: ops", title_justify="left", box=box.SIMPLE_HEAD,
                 expand=True)
-    ops.add_column("op", no_wrap=True, overflow="ellipsis", max_width=28)
+    ops.add_column("op", overflow="fold", max_width=28)
     ops.add_column("nodes", justify="right", no_wrap=True)
-    ops.add_column("runs on", no_wrap=True, overflow="ellipsis", max_width=24)
-    ops.add_column("able (+fallback)", no_wrap=True, overflow="ellipsis", max_width=22)
-    ops.add_column("refused by: why", overflow="ellipsis", no_wrap=True, ratio=1)
+    ops.add_column("runs on", overflow="fold", max_width=24)
+    ops.add_column("able (+fallback)", overflow="fold", max_width=22)
+    ops.add_column("refused by: why", overflow="fold", ratio=1)
     for o in g.ops:
         placed = ", ".join([f"{b} {n}" for b, n in o.placed.items()] +
                            [f"{b} {n} (planned)" for b, n in o.planned.items()])
@@ -161,6 +164,8 @@ def renderables(report: Report):
     for b in report.backends:
         if not b.available:
             yield f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
+    for w in report.warnings:
+        yield f"[yellow]warning[/yellow]: {_e(w)}"
     if report.graph_breaks is not None:
         gb = report.graph_breaks
         yield f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)"

@@ -86,7 +86,7 @@ class MeasuredGraph:
         self._fn: Callable = self._first_call
         self.chosen: Optional[Candidate] = None
         self.from_cache = False
-        self._progress_shown = False
+        self._progress_at = 0.0  # when the last progress line was printed
         self._ready: dict = {}  # label -> (stitched callable, its pieces, calls per sample)
         self._samples: dict[str, list[float]] = {}  # label -> ms per call, per sample
         self._rounds_done = 0
@@ -158,19 +158,19 @@ class MeasuredGraph:
             self._measure_candidates(order, args, start, per_part, opts)
             if opts.refine:
                 self._refine(args, start, per_part)
-        if self._progress_shown:
-            sys.stderr.write("\n")
         log.info("%s: measured %s", self._label, ", ".join(
             f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
             else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
         return per_part
 
     def _progress(self, msg: str, elapsed: float) -> None:
+        """INFO always; past PROGRESS_AFTER_S also a whole line on stderr, at most one
+        every PROGRESS_AFTER_S (a whole line: log lines never land inside it)."""
         log.info(msg)
-        if self._opts.progress and elapsed > PROGRESS_AFTER_S:
-            sys.stderr.write(f"\rarbiter: {msg}   ")
-            sys.stderr.flush()
-            self._progress_shown = True
+        if self._opts.progress and elapsed > PROGRESS_AFTER_S \
+                and elapsed - self._progress_at >= PROGRESS_AFTER_S:
+            print(f"arbiter: {msg}", file=sys.stderr, flush=True)
+            self._progress_at = elapsed
 
     def _measure_candidates(self, order, args, start, per_part, opts) -> None:
         """Compile and warm up every candidate the budget allows (priority always), then

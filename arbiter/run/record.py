@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
 from .freeze import WeightEvent
+from .owner import UNKNOWN, Owner
 from .piece import PieceRecord
 
 
@@ -22,7 +23,29 @@ class GraphRecord:
     constant_nodes: frozenset = frozenset()  # placeholders frozen as constants
     weight_events: list[WeightEvent] = field(default_factory=list)
     weights_as_inputs: bool = False  # frozen weights changed too often: now inputs
+    owner: Owner = UNKNOWN  # the compiled model it belongs to (run/owner.py)
 
     @property
     def constants(self) -> int:
         return len(self.constant_nodes)
+
+
+@dataclass
+class DynamoGraph:
+    """One graph Dynamo handed to the backend: whose, and why Dynamo ended it there
+    (``gm.compile_subgraph_reason``, what ``torch._dynamo.explain`` reads)."""
+
+    owner: Owner
+    graph_break: bool
+    reason: str = ""
+
+
+def dynamo_graph(gm: object, owner: Owner) -> DynamoGraph:
+    """What Dynamo says of ``gm``: a graph break ended it (and where), or not."""
+    r = getattr(gm, "compile_subgraph_reason", None)
+    if r is None or not getattr(r, "graph_break", False):
+        return DynamoGraph(owner, False)
+    frames = getattr(r, "user_stack", None) or []
+    where = f" [{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}]" if frames else ""
+    text = str(getattr(r, "reason", r)).strip().splitlines()
+    return DynamoGraph(owner, True, f"{text[0][:300] if text else '?'}{where}")

@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional
 
+from ..errors import warn_at_user_line
 from ..registry import bounded_threads, usable_cpus
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ _lock = threading.Lock()
 _budget: Optional[Budget] = None
 _in_force: dict[str, Any] = {}       # "torch" / backend name -> its settings
 _configured: set[str] = set()        # backends already given the budget
+_warned: set[str] = set()            # conflicting settings already warned about
 
 
 def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") -> dict[str, Any]:
@@ -111,8 +112,9 @@ def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") ->
                    "cannot change (ONNX Runtime's global pool and arena exist from its "
                    "first session; OMP_WAIT_POLICY from torch's import); the settings in "
                    "force stay")
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-            log.warning("%s", msg)
+            if msg not in _warned:  # once per message, at the user's line (one print)
+                _warned.add(msg)
+                warn_at_user_line(msg, RuntimeWarning)
         budget = _budget
         for backend in backends:
             if backend.name in _configured:
