@@ -18,7 +18,7 @@ from ..plan.partition import Partition, Plan
 from ..registry import Backend
 from ..run.record import GraphRecord
 from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    RefusalReport, TensorReport, WeightEventReport)
+                    PatternReport, RefusalReport, TensorReport, WeightEventReport)
 
 
 def _shape(t: torch.Tensor) -> list[Any]:
@@ -97,8 +97,9 @@ def _conditions(backend: Backend, op: str) -> str:
 
 
 def _verified(entry) -> str:
-    """`declared`, `probed`, or which dtypes the probe passed when the entry allows more."""
-    probed = entry.probed_dtypes
+    """`declared`, `probed`/`built`, or which dtypes the probe passed (ran, or only built)
+    when the entry allows more."""
+    probed = entry.built_dtypes if entry.verified == "built" else entry.probed_dtypes
     if not probed or not entry.dtypes - probed:
         return entry.verified
     names = ",".join(sorted(str(d).removeprefix("torch.") for d in probed))
@@ -178,6 +179,22 @@ def node_reports(plan: Plan) -> list[NodeReport]:
     return out
 
 
+def pattern_reports(plan: Plan, runs_on: Mapping[int, str]) -> list[PatternReport]:
+    """Each pattern match of the plan, where it is and whether it runs whole."""
+    part_of = {n: p for p in plan.partitions for n in p.nodes}
+    out = []
+    for g in plan.patterns:
+        part = part_of.get(g.nodes[-1])
+        backend = None if part is None else runs_on.get(part.id, part.backend)
+        out.append(PatternReport(
+            pattern=g.pattern, node_names=[n.name for n in g.nodes],
+            claimed_by=list(g.claimed_by), refused=dict(g.support.refusals),
+            partition=None if part is None else part.id, backend=backend,
+            compiled=part is not None and part.id in runs_on,
+            whole=backend in g.claimed_by))
+    return out
+
+
 def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport:
     """The report of one compiled graph, from its live record: fallbacks show at once."""
     parts = []
@@ -228,4 +245,5 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend]) -> GraphReport
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
-        graph=node_reports(g.plan))
+        graph=node_reports(g.plan),
+        patterns=pattern_reports(g.plan, {x.id: x.backend for x in parts if x.compiled}))
