@@ -268,6 +268,8 @@ class PatternTable:
         return self._table.support_all(nodes)
 
     def __getattr__(self, name: str) -> Any:  # the rest of the capability table
+        if name == "_table":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self._table, name)
 
     def pattern_groups(self, nodes: Sequence[torch.fx.Node],
