@@ -71,6 +71,13 @@ def forget(dropped: Sequence["Arbiter"]) -> None:
         _ARBITERS[:] = [r for r in _ARBITERS if r() is not None and id(r()) not in ids]
 
 
+def _plannable(backend: Backend) -> bool:
+    try:
+        return bool(backend.plannable()[0])
+    except Exception:  # noqa: BLE001 - a broken install plans nothing
+        return False
+
+
 class Arbiter:
     """A torch.compile backend over the backends of one config.
 
@@ -85,6 +92,7 @@ class Arbiter:
         self.dry_run = dry_run
         self.backends: dict[str, Backend] = {}
         self.unavailable: dict[str, str] = {}
+        self.plans_only: dict[str, str] = {}  # dry runs: cannot run here, planned onto
         for name in self.config.chain_names():
             cls = get_backend_class(name)
             backend = cls(cls.Options.model_validate(self.config.options_for(name)))
@@ -94,7 +102,12 @@ class Arbiter:
                 ok, why = backend.available()
             except Exception as exc:  # noqa: BLE001 - a broken install (not only ImportError)
                 ok, why = False, f"broken: {type(exc).__name__}: {exc}"
-            if not ok:
+            if not ok and dry_run and _plannable(backend):
+                # builds and plans here, cannot run here (TensorRT without CUDA): a dry run
+                # plans onto it and the report says it cannot run
+                self.plans_only[name] = why
+                log.info("backend %s cannot run here (%s); the dry run plans onto it", name, why)
+            elif not ok:
                 hint = f" (install: {cls.install_hint})" if cls.install_hint else ""
                 self.unavailable[name] = why + hint
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
@@ -339,9 +352,11 @@ class Arbiter:
         for name, backend in self.backends.items():
             ok = name not in self.unavailable
             version = safe_version(backend) if ok else None
-            statuses.append(BackendStatus(name=name, available=ok,
-                                          reason=self.unavailable.get(name, ""),
-                                          version=version, color=backend.color))
+            statuses.append(BackendStatus(name=name, available=ok and name not in self.plans_only,
+                                          reason=self.unavailable.get(name, "")
+                                          or self.plans_only.get(name, ""),
+                                          version=version, color=backend.color,
+                                          plans_only=name in self.plans_only))
             versions[name] = version or ("unavailable" if not ok else "unknown")
         graphs = self.graphs
         with self._lock:

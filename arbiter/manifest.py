@@ -21,15 +21,22 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
       aten.nll_loss_forward.default:       # written by `arbiter probe`: a float32 node
         wrong_outputs: {1: {float32: "max abs error 7"}}   # that uses output 1 is refused
       "*": {}                 # wildcard: any op (the eager backend)
+    patterns:                 # subgraphs claimed whole, matched on the lowered graph
+      rms_norm: {dtypes: [float32, float16]}   # a pattern of arbiter/plan/pattern_library.py
+      mine: {function: "my_pkg.patterns:fused", inputs: [[4, 8], [8]]}  # any Python function
     decompositions: []        # ops to decompose before partitioning (whole graph)
 
 Lookup order for a node's op: the exact overload, then the op without overload, then
 ``"*"``. What data cannot say, a backend says in code with a validator (see
-``arbiter.registry.Backend.validators``).
+``arbiter.registry.Backend.validators``; for patterns ``Backend.check_pattern``).
+``verified:`` says how an entry is known: ``declared`` (by the backend's own software),
+``built`` (``arbiter probe --build-only``: converted and built, not run; ``built_dtypes``)
+or ``probed`` (run and compared with eager; ``probed_dtypes``).
 """
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -70,11 +77,15 @@ class OpEntry(BaseModel):
     devices: Optional[list[str]] = Field(None, description="devices the node may run on")
     dynamic: Optional[bool] = Field(None, description="whether symbolic shapes are accepted")
     max_rank: Optional[int] = Field(None, ge=0, description="largest tensor rank accepted")
-    verified: Optional[str] = Field(None, description="`declared`, or the probe that "
-                                    "confirmed this entry")
+    verified: Optional[str] = Field(None, description="`declared`, `built` (converted "
+                                    "and built by `arbiter probe --build-only`, not run) or "
+                                    "`probed` (run and compared with eager)")
     probed_dtypes: Optional[list[str]] = Field(
         None, description="dtypes that passed `arbiter probe` (a subset of the allowed "
         "dtypes); the others allowed are declared, not verified")
+    built_dtypes: Optional[list[str]] = Field(
+        None, description="dtypes whose samples `arbiter probe --build-only` converted and "
+        "built (not run: numbers were not compared)")
     wrong_outputs: Optional[dict[int, dict[str, str]]] = Field(
         None, description="output index -> {dtype: why}: outputs of a tuple-returning op "
         "that the backend computes wrongly in samples of that dtype while the others are "
@@ -82,7 +93,7 @@ class OpEntry(BaseModel):
         "dtype that uses one is refused")
     note: Optional[str] = Field(None, description="free text shown in reports")
 
-    _dtypes = field_validator("dtypes", "probed_dtypes")(
+    _dtypes = field_validator("dtypes", "probed_dtypes", "built_dtypes")(
         classmethod(lambda cls, v: _check_dtypes(v)))
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
     _wrong = field_validator("wrong_outputs")(classmethod(
@@ -101,6 +112,43 @@ class Defaults(BaseModel):
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
 
 
+class PatternEntry(BaseModel):
+    """A subgraph a backend claims as one unit (``patterns:``; arbiter/plan/patterns.py).
+
+    Matched on the lowered ATen graph with torch.fx's ``SubgraphMatcher``; the tensors
+    entering and leaving a match are checked against ``dtypes``/``devices``/``dynamic``/
+    ``max_rank`` like an op's, then by the backend's ``check_pattern``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: Optional[str] = Field(
+        None, description="`module:function`: a Python function of tensors, traced to ATen "
+        "as the pattern (its literals must match exactly). Absent: the pattern library's "
+        "function of the entry's name (arbiter/plan/pattern_library.py), whose literals "
+        "(eps, dims, scale) are matched as wildcards and checked by the library")
+    inputs: Optional[list[list[int]]] = Field(
+        None, description="with `function`: the shape of each argument it is traced with")
+    dtypes: Optional[list[str]] = Field(None, description="dtypes every tensor entering "
+                                        "or leaving the match must have")
+    devices: Optional[list[str]] = Field(None, description="devices the match may run on")
+    dynamic: Optional[bool] = Field(None, description="whether symbolic shapes are accepted")
+    max_rank: Optional[int] = Field(None, ge=0, description="largest tensor rank accepted")
+    verified: Optional[str] = Field(None, description="`declared`, or how the claim was "
+                                    "checked (`tested`: the backend's tests compare it with "
+                                    "eager)")
+    note: Optional[str] = Field(None, description="free text shown in reports")
+
+    _dtypes = field_validator("dtypes")(classmethod(lambda cls, v: _check_dtypes(v)))
+    _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
+
+    @field_validator("function")
+    @classmethod
+    def _function(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", v):
+            raise ValueError(f"function {v!r} is not `module.path:function`")
+        return v
+
+
 class ProbeInfo(BaseModel):
     """What `arbiter probe` found (written by it): versions, counts, failed ops."""
 
@@ -109,6 +157,9 @@ class ProbeInfo(BaseModel):
     date: str
     torch: str
     backend_version: str
+    mode: Literal["run", "build"] = Field("run", description="`run`: samples run and "
+                                          "compared with eager; `build`: converted and "
+                                          "built only (`--build-only`)")
     dtypes_tried: list[str] = Field(default_factory=list)
     opinfos: str = Field("", description="OpInfos probed / OpInfos selected")
     samples_passed: int = 0
@@ -129,13 +180,16 @@ class Manifest(BaseModel):
     source: Optional[str] = Field(None, description="how this file was produced")
     defaults: Defaults = Field(default_factory=Defaults)
     ops: dict[str, OpEntry] = Field(default_factory=dict)
+    patterns: dict[str, PatternEntry] = Field(
+        default_factory=dict, description="name -> a subgraph the backend claims whole")
     decompositions: list[str] = Field(
         default_factory=list, description="ops this backend wants decomposed (PyTorch's "
         "decomposition table) before partitioning; applies to the whole graph")
     probe: Optional[ProbeInfo] = Field(None, description="set by `arbiter probe --write`; "
-                                       "entries it verified say `verified: probed`")
+                                       "entries it verified say `verified: probed` "
+                                       "(`built` after `--build-only`)")
 
-    @field_validator("ops", mode="before")
+    @field_validator("ops", "patterns", mode="before")
     @classmethod
     def _none_entries(cls, v: Any) -> Any:
         # `aten.relu.default:` with no value in YAML means "supported with the defaults".
@@ -147,6 +201,27 @@ class Manifest(BaseModel):
         """The resolved entry for a canonical op name, or None if not supported."""
         return self._resolved(name)
 
+    def pattern_entry(self, name: str) -> Optional["ResolvedEntry"]:
+        """The resolved conditions of pattern ``name`` (``patterns:``), or None."""
+        entry = self.patterns.get(name)
+        return None if entry is None else self._with_defaults(entry)
+
+    def verification(self) -> str:
+        """How the entries are known, in a few words: "210 ops (probed 183, declared 27)"."""
+        if "*" in self.ops:
+            return "all ops"
+        counts: dict[str, int] = {}
+        for e in self.ops.values():
+            v = (e or OpEntry()).verified or self.defaults.verified
+            counts[v] = counts.get(v, 0) + 1
+        order = ("probed", "built", "declared")
+        parts = [f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: (
+            order.index(k) if k in order else len(order), k))]
+        text = f"{len(self.ops)} ops ({', '.join(parts)})" if self.ops else "no ops"
+        if self.patterns:
+            text += f", {len(self.patterns)} patterns"
+        return text
+
     def model_post_init(self, __context: Any) -> None:
         self._resolved = functools.lru_cache(maxsize=None)(self._resolve)
 
@@ -154,21 +229,27 @@ class Manifest(BaseModel):
         entry = self.ops.get(name) or self.ops.get(packet_name(name)) or self.ops.get("*")
         if entry is None:
             return None
+        return self._with_defaults(entry)
+
+    def _with_defaults(self, entry: Any) -> "ResolvedEntry":
         d = self.defaults
         # `dtypes: []` (every declared dtype failed the probe) allows none: only an
         # absent list means the defaults.
         return ResolvedEntry(
             dtypes=frozenset(DTYPES[n] for n in (d.dtypes if entry.dtypes is None
                                                  else entry.dtypes)),
-            probed_dtypes=None if entry.probed_dtypes is None
+            probed_dtypes=None if getattr(entry, "probed_dtypes", None) is None
             else frozenset(DTYPES[n] for n in entry.probed_dtypes),
             devices=frozenset(entry.devices or d.devices),
             dynamic=d.dynamic if entry.dynamic is None else entry.dynamic,
             max_rank=entry.max_rank,
             verified=entry.verified or d.verified,
+            built_dtypes=None if getattr(entry, "built_dtypes", None) is None
+            else frozenset(DTYPES[n] for n in entry.built_dtypes),
             wrong_outputs=tuple((k, frozenset(DTYPES[d] for d in per if d in DTYPES),
                                  "; ".join(f"{d}: {why}" for d, why in per.items()))
-                                for k, per in sorted((entry.wrong_outputs or {}).items())),
+                                for k, per in sorted((getattr(entry, "wrong_outputs", None)
+                                                      or {}).items())),
         )
 
 
@@ -181,6 +262,7 @@ class ResolvedEntry(BaseModel):
     max_rank: Optional[int]
     verified: str
     probed_dtypes: Optional[frozenset] = None  # None: the probe did not record them
+    built_dtypes: Optional[frozenset] = None   # what `probe --build-only` built
     wrong_outputs: tuple = ()  # ((output index, dtypes, why), ...): see OpEntry
 
 
@@ -194,17 +276,23 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
                             f"expected {backend!r}", ManifestError)
     for name, entry in manifest.ops.items():
         allowed = manifest.defaults.dtypes if entry.dtypes is None else entry.dtypes
-        extra = [d for d in entry.probed_dtypes or () if d not in allowed]
-        if extra:
-            raise located.error(("ops", name, "probed_dtypes"), f"{', '.join(extra)} passed "
-                                f"the probe but the entry does not allow it (dtypes: "
-                                f"{', '.join(allowed) or 'none'})", ManifestError)
+        for key in ("probed_dtypes", "built_dtypes"):
+            extra = [d for d in getattr(entry, key) or () if d not in allowed]
+            if extra:
+                raise located.error(("ops", name, key), f"{', '.join(extra)} passed the "
+                                    f"probe but the entry does not allow it (dtypes: "
+                                    f"{', '.join(allowed) or 'none'})", ManifestError)
         if name == "*":
             continue
         try:
             resolve(name)
         except UnknownOpError as exc:
             raise located.error(("ops", name), str(exc), ManifestError) from None
+    for name, pat in manifest.patterns.items():
+        if pat.function is not None and pat.inputs is None:
+            raise located.error(("patterns", name, "inputs"), "a pattern given by "
+                                "`function` needs `inputs`: the shape of each argument it "
+                                "is traced with", ManifestError)
     for i, name in enumerate(manifest.decompositions):
         try:
             resolve(name)

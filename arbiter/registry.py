@@ -95,6 +95,25 @@ class Backend:
         """(True, "") when the backend can run here; else (False, why, with the fix)."""
         return True, ""
 
+    def plannable(self) -> tuple[bool, str]:
+        """(True, "") when a dry run (``explain``, ``report --dry-run``) may plan onto this
+        backend and ``arbiter probe --build-only`` may build with it although
+        ``available()`` says it cannot run here (TensorRT without CUDA builds engines);
+        by default, what ``available()`` says."""
+        return self.available()
+
+    def build_only(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+        """Convert and build ``gm`` as ``compile`` would, without running it (no device
+        needed): a line saying what was built. Raise where ``compile`` would refuse.
+        ``arbiter probe --build-only`` uses it; backends without such a mode raise."""
+        raise NotImplementedError(f"backend {self.name!r} has no build-only mode")
+
+    def check_pattern(self, name: str, match: Any) -> Optional[str]:
+        """Why this backend refuses one match of a pattern its manifest claims
+        (``patterns:``), or None: what the manifest's dtypes/devices/ranks cannot say
+        (a kernel's size limits, a mode). ``match`` is an ``arbiter.plan.patterns.Match``."""
+        return None
+
     def version(self) -> str:
         return torch.__version__
 

@@ -60,7 +60,7 @@ def check_plan_invariants(plan, gm: torch.fx.GraphModule) -> None:
     for p in plan.partitions:
         for n in p.nodes:
             if not is_getitem(n):
-                assert p.backend in plan.support[n].candidates, (n.name, p.backend)
+                assert p.backend in plan.candidates(n), (n.name, p.backend)
 
 
 def run_in_plan_order(plan, gm: torch.fx.GraphModule, *args: Any) -> Any:

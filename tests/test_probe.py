@@ -342,3 +342,37 @@ def test_wrong_output_refuses_only_nodes_that_use_it(make_backend):
         assert ("nll" in sup.candidates) is ok, sup
         if not ok:
             assert "output 1 is used" in sup.refusals["nll"]
+
+
+def test_a_build_probe_writes_built_and_never_downgrades_a_run():
+    """`--build-only` marks what built `verified: built` with `built_dtypes`; an entry a
+    run already verified stays `probed`; a later run that fails a dtype that was only
+    built drops it (building says nothing of the numbers)."""
+    from arbiter.probe import ProbeResult
+
+    add, mul = "aten.add.Tensor", "aten.mul.Tensor"
+    build = ProbeResult("x", "x 1.0", str(torch.__version__), ["float32", "int64"],
+                        mode="build")
+    for op in (add, mul):
+        for dt in ("float32", "int64"):
+            build.record(_sample(op, dt, [op], "passed"), {(op, dt)})
+    doc = {"backend": "x", "defaults": {"dtypes": ["float32", "int64"]},
+           "ops": {add: {"verified": "probed", "probed_dtypes": ["float32"]}, mul: {}}}
+    new = manifest_update(doc, build)
+    assert new["ops"][add] == {"verified": "probed", "probed_dtypes": ["float32"],
+                               "built_dtypes": ["float32", "int64"]}
+    assert new["ops"][mul] == {"verified": "built", "built_dtypes": ["float32", "int64"]}
+    assert new["probe"]["mode"] == "build"
+    Manifest.model_validate(new)
+    run = ProbeResult("x", "x 1.0", str(torch.__version__), ["int64"])
+    run.record(_sample("mul", "int64", [mul], "failed"), {(mul, "int64")})
+    after = manifest_update(new, run)
+    assert after["ops"][mul]["dtypes"] == ["float32"]
+    assert "mode" not in after["probe"]  # a run's record starts again
+
+
+@pytest.mark.parametrize("key", ["probed_dtypes", "built_dtypes"])
+def test_passed_dtypes_must_be_allowed(key):
+    with pytest.raises(ManifestError, match=rf"ops\['aten.add.Tensor'\].{key}: int64 passed"):
+        parse_manifest(f"backend: x\nops:\n  aten.add.Tensor: {{dtypes: [float32], "
+                       f"{key}: [int64]}}\n")

@@ -27,13 +27,13 @@ def cmd_backends(args) -> int:
         be = cls()
         ok, why = be.available()
         try:
-            manifest = cls.manifest()
-            size = "all ops" if "*" in manifest.ops else f"{len(manifest.ops)} ops"
+            size = cls.manifest().verification()  # and how its entries are known
         except ArbiterError as exc:
             size = f"manifest error: {exc}"
-        version = be.version() if ok else ""
-        status = "available" if ok else f"unavailable: {why}" + (
-            f" (install: {cls.install_hint})" if cls.install_hint else "")
+        builds = not ok and be.plannable()[0]  # builds and plans, cannot run (TensorRT)
+        version = be.version() if ok or builds else ""
+        status = "available" if ok else f"builds and plans only: {why}" if builds else \
+            f"unavailable: {why}" + (f" (install: {cls.install_hint})" if cls.install_hint else "")
         print(f"{name:<12} {status:<12} {size:<10} {version}")
     return 0
 

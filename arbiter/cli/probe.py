@@ -5,6 +5,9 @@ op's `dtypes:` those tried and never passed (untried ones stay, as declared), an
 the ops whose samples alone failed in every dtype they allowed
 (arbiter.probe.update.manifest_update).
 
+--build-only (TensorRT without CUDA): each sample is converted and built, not run; what
+passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.
+
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.
 """
@@ -28,6 +31,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default=None, metavar="PATH",
                         help="with --write: write the updated manifest here instead (a "
                              "config uses it with `manifests: {BACKEND: PATH}`)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build each sample with the backend and do not run it (a "
+                             "backend that builds where it cannot run: tensorrt); passes "
+                             "are written `verified: built`")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
 
@@ -39,13 +46,16 @@ def run(args) -> int:
     from ..manifest import DTYPES
     from ..probe.opinfo import DEFAULT_DTYPES, probe, stderr_progress, summarize_failures
     from ..probe.update import write_manifest
-    from ..registry import get_backend_class
+    from ..registry import Backend, get_backend_class
 
     cls = get_backend_class(args.backend)
     backend = cls()
-    ok, why = backend.available()
+    ok, why = backend.plannable() if args.build_only else backend.available()
     if not ok:
         raise ArbiterError(f"backend {args.backend!r} is unavailable: {why}")
+    if args.build_only and type(backend).build_only is Backend.build_only:
+        raise ArbiterError(f"backend {args.backend!r} has no build-only mode (only a "
+                           "backend that builds without running has one: tensorrt)")
     if backend.inline_aten:
         raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
     dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
@@ -54,7 +64,7 @@ def run(args) -> int:
     except ValueError as exc:
         raise ArbiterError(f"--dtypes: {exc}") from None
     result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
-                   progress=stderr_progress())
+                   progress=stderr_progress(), build_only=args.build_only)
     print(result.summary())
     for line in summarize_failures(result.samples):
         print("  failed:", line)

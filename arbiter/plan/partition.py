@@ -23,6 +23,11 @@ nodes and 63 s at 5,000 here. This partitioner is linear in nodes + edges:
 
 Queues are FIFO in graph order and ties break by graph order: the same graph and config
 always give the same plan.
+
+Patterns (arbiter/plan/patterns.py): a match some backend claims is one unit. Its nodes
+share one candidate list (the claiming backends and those able to run each of its ops
+alone), its first node waits for every input of the whole match, so the scheduler emits
+the match without a break in one run, and it is never sunk apart.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import torch.fx
 
 from ..capability import NodeSupport
 from ..ops import is_getitem, is_mutating, is_random, random_depends_on_args
+from .patterns import pattern_groups
 from .support import SupportTable
 
 
@@ -61,6 +67,15 @@ class Plan:
     partitions: list[Partition]
     support: dict[torch.fx.Node, NodeSupport] = field(repr=False)
     fallback: str = "eager"
+    #: the pattern matches found (patterns.PatternGroup), claimed or not, graph order
+    patterns: list = field(default_factory=list, repr=False)
+
+    def candidates(self, node: torch.fx.Node) -> tuple[str, ...]:
+        """Who may run ``node``: its claimed pattern's candidates, or its own."""
+        for g in self.patterns:
+            if g.claimed_by and node in g.nodes:
+                return g.support.candidates
+        return self.support[node].candidates
 
     def backend_of(self, node: torch.fx.Node) -> str:
         for p in self.partitions:
@@ -117,6 +132,8 @@ def _partition_graph(gm: torch.fx.GraphModule, table: SupportTable,
         indeg[i] = d
 
     _order_mutations(nodes, index, users, indeg)
+    groups = pattern_groups(table, nodes, support)
+    fixed = _glue([g for g in groups if g.claimed_by], index, allowed, users, indeg)
 
     fallback = table.fallback_name
     while True:
@@ -126,7 +143,7 @@ def _partition_graph(gm: torch.fx.GraphModule, table: SupportTable,
             choice[i] = a[0] if a is not None else (choice[producer[i]] if producer[i] >= 0
                                                      else fallback)
         runs = _schedule(choice, users, indeg)
-        runs = _sink(runs, choice, users, getitems)
+        runs = _sink(runs, choice, users, getitems | fixed)
         # (A run of at least min_block_size nodes with no getitem among them is big
         # enough without counting.)
         small = [r for r in runs if r[0] != fallback
@@ -151,7 +168,31 @@ def _partition_graph(gm: torch.fx.GraphModule, table: SupportTable,
         if s is None:  # getitem: report its producer's answer
             s = support[producer[i]] if producer[i] >= 0 else NodeSupport((fallback,))
         sup[n] = s
-    return Plan(gm, partitions, sup, fallback)
+    return Plan(gm, partitions, sup, fallback, groups)
+
+
+def _glue(groups, index, allowed, users, indeg) -> set[int]:
+    """Make each claimed pattern match one unit: one shared candidate list (min_block_size
+    removes a backend from all its nodes at once) and an edge from every producer of an
+    input of the match to its first node. Matches are convex (patterns.py), so no cycle.
+    Returns the indices of the matched nodes (not to be sunk)."""
+    fixed: set[int] = set()
+    for g in groups:
+        members = sorted(index[n] for n in g.nodes)
+        inside = set(members)
+        shared = list(g.support.candidates)
+        first = members[0]
+        for i in members:
+            if allowed[i] is not None:
+                allowed[i] = shared
+        for n in g.nodes:
+            for inp in n.all_input_nodes:
+                j = index.get(inp)
+                if j is not None and j not in inside and first not in users[j]:
+                    users[j].append(first)
+                    indeg[first] += 1
+        fixed |= inside
+    return fixed
 
 
 def _order_mutations(nodes, index, users, indeg) -> None:

@@ -18,6 +18,7 @@ from ..capability import CapabilityTable
 from ..ops import is_getitem
 from ..registry import Backend
 from .partition import Partition, Plan, partition_graph
+from .patterns import with_patterns
 
 
 class Planner:
@@ -33,11 +34,12 @@ class Planner:
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 
-    def table_for(self, backends: Sequence[Backend]) -> CapabilityTable:
+    def table_for(self, backends: Sequence[Backend]) -> Any:
         """A capability table over ``backends`` (the last takes everything) with this
-        config's excludes, pins and unavailable backends."""
-        return CapabilityTable(backends, exclude_ops=self.exclude_ops, pin=self.pin,
-                               unavailable=self.unavailable)
+        config's excludes, pins and unavailable backends, and the patterns their
+        manifests claim (``patterns.with_patterns``)."""
+        return with_patterns(CapabilityTable(backends, exclude_ops=self.exclude_ops,
+                                             pin=self.pin, unavailable=self.unavailable))
 
     @property
     def inline(self) -> set[str]:

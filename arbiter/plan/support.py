@@ -19,7 +19,10 @@ from ..capability import NodeSupport
 
 
 class SupportTable(Protocol):
-    """Which backends can run each node, best first; the last one takes everything."""
+    """Which backends can run each node, best first; the last one takes everything.
+
+    A table may also have ``pattern_groups(nodes, support) -> [patterns.PatternGroup]``:
+    matches of patterns that backends claim whole (``patterns.PatternTable`` does)."""
 
     fallback_name: str
 
@@ -50,14 +53,36 @@ class Preferred:
             out.append(sup)
         return out
 
+    def pattern_groups(self, nodes, support) -> list:
+        """The wrapped table's pattern groups, a match's preferred backend first (the first
+        of its nodes with a preference decides)."""
+        from dataclasses import replace
+
+        find = getattr(self._table, "pattern_groups", None)
+        out = []
+        for g in find(nodes, support) if find is not None else ():
+            cands = g.support.candidates
+            b = next((p for p in map(self._prefer, g.nodes) if p is not None), None)
+            if g.claimed_by and b is not None and cands[0] != b and (self._force or b in cands):
+                g = replace(g, support=NodeSupport((b, *(c for c in cands if c != b)),
+                                                   g.support.refusals))
+            out.append(g)
+        return out
+
 
 class FixedSupport:
     """A ``SupportTable`` answering from support already computed (a plan's
-    ``support``): replanning a graph under other preferences checks nothing again."""
+    ``support`` and ``patterns``): replanning a graph under other preferences checks
+    nothing again."""
 
-    def __init__(self, support: dict[torch.fx.Node, NodeSupport], fallback_name: str):
+    def __init__(self, support: dict[torch.fx.Node, NodeSupport], fallback_name: str,
+                 groups: Sequence = ()):
         self._support = support
+        self._groups = list(groups)
         self.fallback_name = fallback_name
 
     def support_all(self, nodes: Sequence[torch.fx.Node]) -> list[NodeSupport]:
         return [self._support[n] for n in nodes]
+
+    def pattern_groups(self, nodes, support) -> list:
+        return self._groups

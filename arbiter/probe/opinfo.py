@@ -35,6 +35,11 @@ allowed is removed (listed with the reason under ``probe.failed``); one that fai
 only in the dtypes tried keeps the untried ones. Dropped dtypes are listed under
 ``probe.dtypes_dropped``. Samples are chosen one per (OpInfo, dtype) because compiling is
 the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
+
+``build_only``: for a backend that can convert and build where it cannot run (TensorRT
+without CUDA), each sample is built (``Backend.build_only``) and not run: passing means
+"built", and the manifest says ``verified: built`` with ``built_dtypes`` (numbers were not
+compared). Credit, blame and removal follow the same rules.
 """
 from __future__ import annotations
 
@@ -88,6 +93,7 @@ class ProbeResult:
     opinfos_total: int = 0
     elapsed_s: float = 0.0
     stopped_early: bool = False
+    mode: str = "run"  # "run": compiled, run, compared; "build": built only
     passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))  # op -> dtypes
     # op -> {sample dtype: reason}, from failed samples whose graph is that op alone
     failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
@@ -133,7 +139,8 @@ class ProbeResult:
         return (f"{self.backend}: {self.opinfos_done}/{self.opinfos_total} OpInfos, "
                 f"{c['passed'] + c['failed']} samples run ({c['passed']} passed, "
                 f"{c['failed']} failed, {c['skipped']} skipped) in {self.elapsed_s:.0f} s; "
-                f"{len(self.passed)} ops verified, {len(failed_ops)} ops failed every "
+                f"{len(self.passed)} ops {'built (not run)' if self.mode == 'build' else 'verified'}, "
+                f"{len(failed_ops)} ops failed every "
                 f"sample, {len(self.outputs_failed)} ops with wrong unreturned outputs"
                 f"{' (stopped at the time limit)' if self.stopped_early else ''}")
 
@@ -283,6 +290,22 @@ def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     return "passed", "", "", cmp.max_error
 
 
+def probe_build(backend: Backend, gm: torch.fx.GraphModule,
+                inputs: list) -> tuple[str, str, str, Optional[float]]:
+    """(status, stage, reason, None) for one traced sample built by ``backend`` and not
+    run (``Backend.build_only``): "passed" means converted and built."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes(), _quiet_warnings():
+            what = backend.build_only(gm, [t.clone() for t in inputs])
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
+        return "failed", "build", describe(exc), None
+    return "passed", "", what or "built (not run)", None
+
+
 def probe_unreturned(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
                      tolerances: Optional[dict] = None) -> tuple[list, dict]:
     """For a graph that passed ``probe_sample``: its ops' outputs it does not return
@@ -324,12 +347,13 @@ def _quiet_warnings():
 def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
           dtypes: Sequence[str] = DEFAULT_DTYPES, limit_s: Optional[float] = None,
           progress: Optional[Callable[[ProbeResult, str], None]] = None,
-          tolerances: Optional[dict] = None) -> ProbeResult:
-    """Probe ``backend`` with OpInfo samples; see the module docstring."""
+          tolerances: Optional[dict] = None, build_only: bool = False) -> ProbeResult:
+    """Probe ``backend`` with OpInfo samples; see the module docstring. ``build_only``:
+    build each sample, do not run it."""
     manifest = backend.manifest()
     decomps = decomposition_table(manifest.decompositions)
     result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
-                         list(dtypes))
+                         list(dtypes), mode="build" if build_only else "run")
     infos = opinfos(ops)
     result.opinfos_total = len(infos)
     start = time.perf_counter()
@@ -392,10 +416,13 @@ def _one(backend, manifest, info, label, dname, dtype, decomps, result, toleranc
     if all(dt in result.passed.get(op, ()) for op, dt in credit):
         return SampleResult(label, dname, sorted(set(names)), "skipped", "covered",
                             "every (op, dtype) already passed")
-    status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
+    if result.mode == "build":
+        status, stage, reason, err = probe_build(backend, gm, inputs)
+    else:
+        status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
     sample = SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
     result.record(sample, credit)
-    if status != "passed":
+    if status != "passed" or result.mode == "build":
         return sample
     added, wrong = probe_unreturned(backend, gm, inputs, tolerances)
     for node, k in added:

@@ -5,6 +5,8 @@ an op keeps the dtypes it allowed before minus those tried and never passed, plu
 that passed (``manifest_dtypes``); an op that passed becomes ``verified: probed`` with
 ``probed_dtypes``; an op whose samples alone failed in every dtype it allowed is removed;
 wrong unreturned outputs become ``wrong_outputs``; the ``probe:`` record adds up runs.
+A build-only probe (``ProbeResult.mode == "build"``) writes ``verified: built`` and
+``built_dtypes`` instead (an entry already ``probed`` stays so: running says more).
 """
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     ``probed_dtypes`` count as passed, and dropped dtypes are no longer allowed."""
     ops: dict = dict(doc.get("ops") or {})
     defaults = Defaults.model_validate(doc.get("defaults") or {}).dtypes
+    built = result.mode == "build"
+    passed_key = "built_dtypes" if built else "probed_dtypes"
     # An op is removed only when no dtype it allowed is left: failing in the dtypes tried
     # says nothing of the others (a float16-only probe once removed prod.dim_int, which
     # float32 never tried). An op that passed, now or earlier, always keeps those dtypes.
@@ -47,10 +51,15 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             continue
         before = ops[key] or {}  # `op:` with no value in YAML is an entry of defaults
         entry = dict(before)
-        passed = result.passed.get(op, set()) | set(entry.get("probed_dtypes") or ())
+        # a dtype that ran before is not dropped by a failed build (nor one built before);
+        # a failed run drops a dtype that was only built
+        passed = (result.passed.get(op, set()) | set(entry.get("probed_dtypes") or ())
+                  | set(entry.get("built_dtypes") or () if built else ()))
         dropped = {d: why for d, why in result.dropped(op).items() if d not in passed}
         allowed = defaults if entry.get("dtypes") is None else entry["dtypes"]
-        dtypes, probed = manifest_dtypes(allowed, passed, dropped)
+        dtypes, _ = manifest_dtypes(allowed, passed, dropped)
+        probed = manifest_dtypes((), result.passed.get(op, set())
+                                 | set(entry.get(passed_key) or ()), ())[1]
         if not dtypes and op in result.failed:  # failed alone in every dtype it allowed
             dname, reason = next(iter(result.failed[op].items()))
             removed[op] = f"{dname}: {reason}"[:300]
@@ -59,8 +68,9 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         if "dtypes" in entry or set(dtypes) != set(defaults):
             entry["dtypes"] = dtypes
         if probed:
-            entry["verified"] = "probed"
-            entry["probed_dtypes"] = probed
+            if not (built and entry.get("verified") == "probed"):
+                entry["verified"] = "built" if built else "probed"
+            entry[passed_key] = probed
         # earlier findings stay unless this probe passed that output in that dtype
         passed_outputs = result.outputs_passed.get(op, set())
         wrong: dict = {}
@@ -86,7 +96,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     # (`failed`, `dtypes_dropped`) stays as long as they are.
     kept = prev = doc.get("probe") or {}
     same = (prev.get("torch") == str(result.torch_version)
-            and prev.get("backend_version") == str(result.backend_version))
+            and prev.get("backend_version") == str(result.backend_version)
+            and prev.get("mode", "run") == result.mode)
     if not same:
         prev = {}
     opinfos_run = f"{result.opinfos_done}/{result.opinfos_total}"
@@ -94,6 +105,7 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "date": datetime.date.today().isoformat(),
         "torch": str(result.torch_version),
         "backend_version": str(result.backend_version),
+        **({"mode": "build"} if built else {}),
         "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
                                key=list(DTYPES).index),
         "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,

@@ -20,7 +20,8 @@ from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    RefusalReport, RuleReport, TensorReport, WeightEventReport)
+                    PatternReport, RefusalReport, RuleReport, TensorReport,
+                    WeightEventReport)
 
 
 def _shape(t: torch.Tensor) -> list[Any]:
@@ -99,8 +100,9 @@ def _conditions(backend: Backend, op: str) -> str:
 
 
 def _verified(entry) -> str:
-    """`declared`, `probed`, or which dtypes the probe passed when the entry allows more."""
-    probed = entry.probed_dtypes
+    """`declared`, `probed`/`built`, or which dtypes the probe passed (ran, or only built)
+    when the entry allows more."""
+    probed = entry.built_dtypes if entry.verified == "built" else entry.probed_dtypes
     if not probed or not entry.dtypes - probed:
         return entry.verified
     names = ",".join(sorted(str(d).removeprefix("torch.") for d in probed))
@@ -231,6 +233,22 @@ def rule_reports(plan: Plan, parts: list[PartitionReport], pin: Mapping[str, str
     return out
 
 
+def pattern_reports(plan: Plan, runs_on: Mapping[int, str]) -> list[PatternReport]:
+    """Each pattern match of the plan, where it is and whether it runs whole."""
+    part_of = {n: p for p in plan.partitions for n in p.nodes}
+    out = []
+    for g in plan.patterns:
+        part = part_of.get(g.nodes[-1])
+        backend = None if part is None else runs_on.get(part.id, part.backend)
+        out.append(PatternReport(
+            pattern=g.pattern, node_names=[n.name for n in g.nodes],
+            claimed_by=list(g.claimed_by), refused=dict(g.support.refusals),
+            partition=None if part is None else part.id, backend=backend,
+            compiled=part is not None and part.id in runs_on,
+            whole=backend in g.claimed_by))
+    return out
+
+
 def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
                  pin: Optional[Mapping[str, str]] = None,
                  exclude: Optional[list[str]] = None) -> GraphReport:
@@ -287,4 +305,5 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
         graph=node_reports(g.plan),
-        rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy))
+        rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy),
+        patterns=pattern_reports(g.plan, {x.id: x.backend for x in parts if x.compiled}))

@@ -138,6 +138,24 @@ class RuleReport(BaseModel):
                                     description="for the other nodes: reason -> nodes")
 
 
+class PatternReport(BaseModel):
+    """A pattern match in the graph (a manifest's ``patterns:``) and who took it."""
+
+    pattern: str
+    node_names: list[str] = Field(description="the matched nodes, graph order")
+    claimed_by: list[str] = Field(default_factory=list, description="backends whose "
+                                  "manifest claims the pattern and that accepted this match")
+    refused: dict[str, str] = Field(default_factory=dict, description="backend -> why it "
+                                    "did not claim this match")
+    partition: Optional[int] = Field(None, description="the partition holding it (a "
+                                     "claimed match is never split)")
+    backend: Optional[str] = Field(None, description="the partition's backend: the one that "
+                                   "runs it now when compiled, else the planned one")
+    compiled: bool = False
+    whole: bool = Field(False, description="run as one unit by a backend that claimed it "
+                        "(else op by op)")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -167,6 +185,8 @@ class GraphReport(BaseModel):
     graph: list[NodeReport] = Field(default_factory=list, description="every compute node")
     rules: list[RuleReport] = Field(default_factory=list,
                                     description="the config's pins and excludes in this graph")
+    patterns: list[PatternReport] = Field(default_factory=list,
+                                          description="pattern matches and who took them")
     chosen: str = Field("", description="policies cost/measure: the placement chosen")
     candidates_ms: dict[str, Optional[float]] = Field(
         default_factory=dict, description="policy measure: placement -> measured ms "
@@ -188,6 +208,8 @@ class BackendStatus(BaseModel):
     reason: str = ""
     version: Optional[str] = None
     color: str = Field("", description="the color reports draw it in (the backend's own)")
+    plans_only: bool = Field(False, description="cannot run here (`reason`), but a dry run "
+                             "plans onto it (TensorRT without CUDA)")
 
 
 class GraphBreakReport(BaseModel):
@@ -260,13 +282,23 @@ class Report(BaseModel):
         return render_text(self)
 
 
+def pattern_line(m: PatternReport) -> str:
+    """One line for a pattern match: where it runs and who claimed or refused it."""
+    how = "whole" if m.whole else "op by op"
+    where = f"{m.backend} ({how}, #{m.partition}{'' if m.compiled else ', planned'})"
+    who = (f"; claimed by {', '.join(m.claimed_by)}" if m.claimed_by else "") + "".join(
+        f"; {b} refused: {why}" for b, why in m.refused.items())
+    return f"{m.pattern} [{', '.join(m.node_names)}]: {where}{who}"
+
+
 def render_text(report: Report) -> str:
     lines = [("[dry run] " if report.dry_run else "") + report.summary()]
     if report.config:
         lines.append(f"config: {report.config}")
     down = [b for b in report.backends if not b.available]
     for b in down:
-        lines.append(f"backend {b.name} unavailable: {b.reason}")
+        lines.append(f"backend {b.name} unavailable: {b.reason}"
+                     + (" (this dry run plans onto it)" if b.plans_only else ""))
     for w in report.warnings:
         lines.append(f"warning: {w}")
     for g in report.graphs:
@@ -276,6 +308,8 @@ def render_text(report: Report) -> str:
                      f"planned in {g.plan_s * 1e3:.1f} ms")
         for e in g.weight_events:
             lines.append(f"  weights changed: {e.reason}: {e.action}")
+        for m in g.patterns:
+            lines.append(f"  pattern {pattern_line(m)}")
         for p in g.partitions:
             ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
                             for k, v in sorted(p.ops.items()))

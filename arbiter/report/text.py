@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 
-from .model import GraphReport, Report
+from .model import GraphReport, Report, pattern_line
 
 WIDTH = 100
 
@@ -119,6 +119,8 @@ def _graph_tables(report: Report, g: GraphReport):
             yield _e(f"  partition {p.id}: " + "; ".join(notes))
     for e in g.weight_events:
         yield f"  [yellow]weights changed[/yellow]: {_e(e.reason)}: {_e(e.action)}"
+    for m in g.patterns:
+        yield _e(f"  pattern {pattern_line(m)}")
     for p in g.partitions:
         for f in p.fallbacks:
             yield (f"  [yellow]fallback[/yellow] partition {p.id} at {f.stage}: "
@@ -163,7 +165,8 @@ def renderables(report: Report):
     yield _e("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
     for b in report.backends:
         if not b.available:
-            yield f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
+            yield (f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
+                   + (" (this dry run plans onto it)" if b.plans_only else ""))
     for w in report.warnings:
         yield f"[yellow]warning[/yellow]: {_e(w)}"
     if report.graph_breaks is not None:

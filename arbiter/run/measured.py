@@ -266,7 +266,8 @@ class MeasuredGraph:
         """A plan where each named node goes to the backend ``prefer`` names, where it
         can run it (the partitioner still enforces acyclicity and min_block_size)."""
         base = self.candidates[0].plan  # priority: every backend's answer for each node
-        table = Preferred(FixedSupport(base.support, self._planner.fallback_name),
+        table = Preferred(FixedSupport(base.support, self._planner.fallback_name,
+                                       base.patterns),
                           lambda n: prefer.get(n.name))
         return self._planner.plan(self._gm, table)
 
