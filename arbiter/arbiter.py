@@ -38,6 +38,7 @@ from .report import BackendStatus, Report
 from .report.advice import advise
 from .report.build import graph_report
 from .run.freeze import FrozenGraph, placeholder_positions
+from .run.dynamic import chain_labels, shape_chain
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
@@ -83,9 +84,10 @@ class Arbiter:
         self.planner = Planner(
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
+            max_specializations=self.config.shapes.max_specializations,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights"}))
+                "decompositions", "freeze_weights", "shapes"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._lock = threading.Lock()
@@ -188,8 +190,13 @@ class Arbiter:
             names = tuple(n.name for n in part.nodes)
             key = (tuple(b.name for b in chain), names)
             if key not in pieces:
-                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
                 sub = extract(plan, part, constants)
+                # symbolic shapes: views of the chain's backends (run/dynamic.py)
+                per_shape = {b for n in part.nodes for b in plan.support[n].per_shape}
+                chain = shape_chain(chain, sub.gm, per_shape,
+                                    self.config.shapes.max_specializations,
+                                    self.config.verify.tolerances, label)
+                record = PieceRecord(part.id, part.backend, chain_labels(chain))
                 piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
