@@ -36,7 +36,7 @@ from .plan.policy import get_policy
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, Report
 from .report.advice import advise
-from .report.build import graph_report
+from .report.build import SHAPE_EAGER_WARN, graph_report, shape_eager_share
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.dynamic import chain_labels, shape_chain
 from .run.lower import decomposition_table, lower
@@ -46,6 +46,7 @@ from .run.record import GraphRecord
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
+from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,8 @@ class Arbiter:
 
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
-                             frozenset(constants))
+                             frozenset(constants), symbols=symbols(input_values(gm)),
+                             frame=_compile_id())
         with self._lock:
             self._graphs.append(record)
         plan = choice.plan
@@ -146,6 +148,12 @@ class Arbiter:
                  sum(p.size for p in plan.partitions), len(plan.partitions),
                  ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3,
                  choice.outcome.policy)
+        if record.symbols:
+            share = shape_eager_share(record, self.backends)
+            log.log(logging.WARNING if share > SHAPE_EAGER_WARN else logging.INFO,
+                    "%s: symbolic shapes %s; %.0f%% of its compute planned in eager because "
+                    "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
+                                                for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
         if self.policy.measures and len(choice.candidates) > 1:
             fn = MeasuredGraph(self.planner, self.config.measure, self.cache, gm, constants,
@@ -253,3 +261,15 @@ class Arbiter:
                       advice=tips, graphs=[graph_report(g, self.backends) for g in graphs],
                       resources={} if self.dry_run else resources_in_force())
 
+
+def _compile_id():
+    """(frame id, compile index of that frame) of the Dynamo compile under way, or None."""
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+    except Exception:  # noqa: BLE001 - not under Dynamo, or another torch
+        return None
+    if cid is None or getattr(cid, "frame_id", None) is None:
+        return None
+    return (int(cid.frame_id), int(cid.frame_compile_id or 0))

@@ -39,6 +39,11 @@ REASON = "symbolic shapes"
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+def about_shapes(reason: str) -> bool:
+    """Whether a refusal or fallback reason is about symbolic shapes."""
+    return f"{REASON}:" in reason
+
+
 # -- values ----------------------------------------------------------------------------
 def is_symbolic(value: Any) -> bool:
     """Whether a ``meta["val"]`` holds a symbolic size, stride or scalar."""
@@ -246,7 +251,9 @@ class Reader:
 
 
 def _compile(source: str, name: str) -> Callable:
-    namespace: dict = {}
+    import math
+
+    namespace: dict = {"torch": torch, "math": math}
     exec(compile(source, f"<arbiter.shapes.{name}>", "exec"), namespace)  # noqa: S102
     return namespace[name]
 
@@ -349,7 +356,7 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any]) -> Optional[Se
             tried += 1
             try:
                 ok = check(*(cand[s] for s in syms))
-            except (ZeroDivisionError, ArithmeticError):
+            except (ArithmeticError, ValueError, TypeError, NameError):
                 ok = False
             if ok:
                 return SecondShape(cand, first, tried)

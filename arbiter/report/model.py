@@ -72,6 +72,10 @@ class PartitionReport(BaseModel):
     bytes_out: int = Field(0, description="bytes produced for other partitions or the output")
     inline: bool = Field(False, description="runs as ATen nodes inside the stitched graph "
                                             "(eager); timed only as part of the whole call")
+    shapes: str = Field("static", description="`static`; with symbolic shapes: `symbolic` "
+                        "(one artifact for every size) or `per shape` (compiled per concrete "
+                        "shape); `eager` when it runs in eager")
+    specializations: int = Field(0, description="`per shape`: shapes compiled so far")
 
 
 class RefusalReport(BaseModel):
@@ -121,6 +125,17 @@ class WeightEventReport(BaseModel):
                                     "or `weights as inputs` (from then on, no constants)")
 
 
+class SymbolReport(BaseModel):
+    """One symbolic dimension of a graph's inputs (Dynamo's dynamic shapes)."""
+
+    name: str = Field(description="the symbol, as in partitions' shapes (`s77`)")
+    min: int
+    max: Optional[int] = Field(None, description="null: unbounded")
+    sources: list[str] = Field(default_factory=list,
+                               description="the user's inputs carrying it (`x.size(0)`)")
+    data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -152,6 +167,14 @@ class GraphReport(BaseModel):
                                           "(null: not measured)")
     estimates_ms: dict[str, float] = Field(default_factory=dict,
                                            description="policy cost: placement -> estimated ms")
+    symbols: list[SymbolReport] = Field(default_factory=list,
+                                        description="symbolic dimensions and their ranges")
+    frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
+    recompile: int = Field(0, description="0: the frame's first compile; n: its n-th "
+                           "recompile (new shapes, or guards that failed)")
+    shape_eager_share: float = Field(0.0, description="share of the graph's tensor "
+                                     "compute nodes run in eager because of symbolic shapes")
+    warnings: list[str] = Field(default_factory=list)
 
 
 class BackendStatus(BaseModel):
@@ -215,13 +238,15 @@ class Report(BaseModel):
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)
+        recompiles = len({(g.frame, g.recompile) for g in self.graphs if g.recompile})
+        shaped = f"; recompiles: {recompiles}" if recompiles else ""
         breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
         return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
                 f"{ran}: {share or '-'}; "
-                f"fallbacks: {falls}{breaks}")
+                f"fallbacks: {falls}{shaped}{breaks}")
 
     def __str__(self) -> str:
         return render_text(self)
@@ -241,6 +266,12 @@ def render_text(report: Report) -> str:
                      f"planned in {g.plan_s * 1e3:.1f} ms")
         for e in g.weight_events:
             lines.append(f"  weights changed: {e.reason}: {e.action}")
+        if g.symbols:
+            lines.append("  symbolic: " + ", ".join(
+                f"{s.name} in [{s.min}, {'inf' if s.max is None else s.max}]"
+                + (f" ({', '.join(s.sources)})" if s.sources else "") for s in g.symbols))
+        for w in g.warnings:
+            lines.append(f"  warning: {w}")
         for p in g.partitions:
             ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
                             for k, v in sorted(p.ops.items()))
@@ -250,6 +281,9 @@ def render_text(report: Report) -> str:
             else:
                 where, moved = p.planned_backend, " (planned, not compiled)"
             ctime = f", compiled in {p.compile_s:.2f} s" if p.compile_s else ""
+            if p.shapes not in ("static", "eager"):
+                ctime += f", {p.shapes}" + (f" x{p.specializations}"
+                                           if p.shapes == "per shape" else "")
             lines.append(f"  #{p.id:<3} {where:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
             for f in p.fallbacks:
                 lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "

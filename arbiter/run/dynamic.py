@@ -103,12 +103,12 @@ class Symbolic:
 
 class Checked:
     """A symbolic artifact's callable, checked per call: the guards its compile added
-    hold, and its outputs have the shapes the symbols give (a few microseconds)."""
+    hold, and its outputs are what the symbols give (``OutputCheck``)."""
 
     def __init__(self, fn: Callable, gm: torch.fx.GraphModule, added_guards: Sequence[Any]):
         self.fn = fn
         reader = Reader(input_values(gm))
-        self._shapes = reader.shapes_function(_output_values(gm))
+        self._outputs = OutputCheck(gm)
         self._guards = None
         self._guard_text = ""
         if added_guards:
@@ -120,10 +120,10 @@ class Checked:
             self._guard_text = ", ".join(map(str, exprs))
             log.info("symbolic artifact: compiling added guards %s (checked per call)",
                      self._guard_text[:300])
-        self.shapes = "symbolic"
 
     def attach_record(self, record) -> None:
-        record.shapes = self.shapes
+        record.shapes = "symbolic"
+        self._outputs.record = record
         attach = getattr(self.fn, "attach_record", None)
         if attach is not None:
             attach(record)
@@ -132,14 +132,67 @@ class Checked:
         if self._guards is not None and not all(self._guards(args)):
             raise ShapeError(f"{R}: this call breaks guards the backend added while "
                              f"compiling ({self._guard_text[:200]})")
-        out = self.fn(*args)
-        if self._shapes is not None:
-            expected = self._shapes(args)
-            for k, (o, want) in enumerate(zip(out, expected)):
-                if want is not None and isinstance(o, torch.Tensor) and tuple(o.shape) != want:
-                    raise ShapeError(f"{R}: output {k} has shape {tuple(o.shape)}, the symbols "
-                                     f"give {want}")
-        return out
+        return self._outputs(args, self.fn(*args))
+
+
+class OutputCheck:
+    """What a symbolic partition's outputs must be at a call, from its traced metadata:
+    each tensor's shape (a mismatch raises ShapeError), and, for outputs eager produces
+    with another layout than a contiguous one (a transpose), that layout: a backend's
+    contiguous result is copied into it once (``record.restride_copies``), as
+    ``run.piece`` does for static partitions, since later views were traced against it.
+    Generated code over the input sizes: a few microseconds a call."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        import sympy
+
+        from ..shapes import expr
+
+        reader = Reader(input_values(gm))
+        self.record = None
+        vals = _output_values(gm)
+        exprs: list = []
+        self._layout: list = []  # per output: None, or (offset, rank, has strides)
+        for v in vals:
+            if not isinstance(v, torch.Tensor):
+                self._layout.append(None)
+                continue
+            sizes = [expr(x) for x in v.shape]
+            strides = [expr(x) for x in v.stride()] if v.layout == torch.strided else []
+            contiguous, acc = [], sympy.Integer(1)
+            for n in reversed(sizes):
+                contiguous.append(acc)
+                acc = acc * n
+            contiguous.reverse()
+            odd = bool(strides) and any(sympy.expand(a - b) != 0 for a, b in zip(strides, contiguous))
+            self._layout.append((len(exprs), len(sizes), odd))
+            exprs += sizes + (strides if odd else [])
+        self._fn = reader.function(exprs, "output_layout") if exprs else None
+
+    def __call__(self, args: Sequence[Any], out: Any) -> Any:
+        if self._fn is None:
+            return out
+        values = self._fn(args)
+        fixed = None
+        for k, (o, at) in enumerate(zip(out, self._layout)):
+            if at is None or not isinstance(o, torch.Tensor):
+                continue
+            start, rank, odd = at
+            size = values[start:start + rank]
+            if tuple(o.shape) != size:
+                raise ShapeError(f"{R}: output {k} has shape {tuple(o.shape)}, the symbols "
+                                 f"give {size}")
+            if odd:
+                stride = values[start + rank:start + 2 * rank]
+                if any(n > 1 and a != b for n, a, b in zip(size, o.stride(), stride)) and \
+                        not any(st == 0 and n > 1 for n, st in zip(size, stride)):
+                    t = torch.empty_strided(size, stride, dtype=o.dtype, device=o.device)
+                    t.copy_(o)
+                    fixed = list(out) if fixed is None else fixed
+                    fixed[k] = t
+                    if self.record is not None:
+                        self.record.restride_copies += 1
+        return out if fixed is None else fixed
 
 
 def _output_values(gm: torch.fx.GraphModule) -> list:
@@ -211,10 +264,12 @@ class Specialized:
         self._lock = threading.Lock()
         self._record = None
         self.compile_s = 0.0
+        self._outputs = OutputCheck(gm)
         self._add(shape_key(args), args)
 
     def attach_record(self, record) -> None:
         self._record = record
+        self._outputs.record = record
         record.shapes = "per shape"
         record.specializations = len(self._fns)
         for fn, _ in self._fns.values():
@@ -258,9 +313,8 @@ class Specialized:
                     with _disable_current_modes():
                         hit = self._add(key, args)
         fn, keep = hit
-        if len(keep) == len(args):
-            return fn(*args)
-        return fn(*[args[i] for i in keep])
+        out = fn(*args) if len(keep) == len(args) else fn(*[args[i] for i in keep])
+        return self._outputs(args, out)
 
 
 def specialize(gm: torch.fx.GraphModule, args: Sequence[Any]) -> tuple[torch.fx.GraphModule, list[int]]:

@@ -4,6 +4,7 @@ runtime (``measured`` installs a choice, ``freeze`` re-freezes), read by the rep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
@@ -22,6 +23,8 @@ class GraphRecord:
     constant_nodes: frozenset = frozenset()  # placeholders frozen as constants
     weight_events: list[WeightEvent] = field(default_factory=list)
     weights_as_inputs: bool = False  # frozen weights changed too often: now inputs
+    symbols: dict = field(default_factory=dict)  # name -> shapes.SymbolRange (inputs' symbols)
+    frame: Optional[tuple[int, int]] = None  # Dynamo's (frame id, compile index of that frame)
 
     @property
     def constants(self) -> int:
