@@ -316,14 +316,16 @@ class SecondShape:
                          for s, v in sorted(self.assignment.items(), key=lambda kv: _name(kv[0])))
 
 
-#: Steps away from the first call's value tried for each symbol, in order: larger sizes
-#: first (integer inputs valid at the first size stay valid), then smaller ones.
-_STEPS = (1, 2, 3, 4, 6, 8, 5, 7, 12, 16, -1, -2, 9, 10, 11, 24, -3, -4)
+#: Steps away from the first call's value tried for each symbol, in order. Only larger
+#: sizes: integer inputs valid at the first size stay valid, and a smaller one is where
+#: degenerate shapes are (an input smaller than a pooling window: Inductor's kernel for
+#: max_pool2d's backward then divides by zero and kills the process, found by the probe).
+_STEPS = (1, 2, 3, 4, 6, 8, 5, 7, 12, 16, 9, 10, 11, 24, 32)
 _MAX_CANDIDATES = 4000
 
 
 def second_assignment(values: Sequence[Any], args: Sequence[Any]) -> Optional[SecondShape]:
-    """Values of the inputs' symbols other than those of ``args`` (a real call), within
+    """Values of the inputs' symbols larger than those of ``args`` (a real call), within
     the symbols' ranges and satisfying every guard and runtime assert of the ShapeEnv
     that involves them. Values of different symbols differ from each other and from the
     static sizes of the inputs where possible, so that a backend that fixed a size or

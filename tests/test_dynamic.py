@@ -438,3 +438,72 @@ def test_training_with_symbolic_batch(fresh_dynamo):
         torch.testing.assert_close(p.grad, q.grad, **TOL)
     kinds = [g.kind for g in be.report().graphs]
     assert kinds.count("forward") == 1 and kinds.count("backward") == 1
+
+
+# -- arbiter probe --dynamic -------------------------------------------------------------
+def test_dynamic_probe_credits_ops_that_pass_two_sizes(make_backend):
+    from arbiter.probe.opinfo import probe
+
+    cls = make_backend("honest", ["aten.add.Tensor", "aten.mul.Tensor"])
+    result = probe(cls(), ops=["add", "mul"], dtypes=["float32"], dynamic=True)
+    assert {"aten.add.Tensor", "aten.mul.Tensor"} <= result.dynamic_passed
+    assert not result.dynamic_refused()
+    # the backend got symbolic graphs, compiled once each
+    assert all(shapes.graph_is_symbolic(g) for g in cls.compiled)
+
+
+def test_dynamic_probe_keeps_static_an_op_wrong_at_a_second_size(make_backend):
+    from arbiter.probe.opinfo import probe
+    from arbiter.probe.update import dynamic_update
+
+    cls = make_backend("liar", ["aten.add.Tensor"], compile=_first_call_only)
+    result = probe(cls(), ops=["add"], dtypes=["float32"], dynamic=True)
+    assert "aten.add.Tensor" not in result.dynamic_passed
+    refused = result.dynamic_refused()
+    assert "differs from eager" in refused["aten.add.Tensor"] or \
+        "fails at a second shape" in refused["aten.add.Tensor"]
+    doc = {"backend": "liar", "format": 1,
+           "ops": {"aten.add.Tensor": {"dynamic": True}, "aten.mul.Tensor": {}}}
+    new = dynamic_update(doc, result)
+    assert new["ops"]["aten.add.Tensor"]["dynamic"] is False  # a stale `true` is undone
+    assert new["ops"]["aten.mul.Tensor"] == {}
+    assert "aten.add.Tensor" in new["probe"]["dynamic_failed"]
+
+
+def test_dynamic_update_marks_overloads_and_records_the_run(make_backend):
+    from arbiter.probe.opinfo import probe
+    from arbiter.probe.update import dynamic_update
+
+    cls = make_backend("honest", ["aten.add.Tensor"])
+    result = probe(cls(), ops=["add"], dtypes=["float32"], dynamic=True)
+    doc = {"backend": "honest", "format": 1, "ops": {"aten.add": {"note": "every overload"}}}
+    new = dynamic_update(doc, result)
+    # the packet's entry speaks for every overload: the probed one gets its own
+    assert new["ops"]["aten.add.Tensor"] == {"note": "every overload", "dynamic": True}
+    assert new["ops"]["aten.add"] == {"note": "every overload"}
+    assert new["probe"]["dynamic_samples_passed"] >= 1
+    again = dynamic_update(new, result)  # idempotent entries
+    assert again["ops"] == new["ops"]
+
+
+def test_dynamic_probe_reaches_overloads_no_opinfo_traces_to(make_backend):
+    from arbiter.probe.opinfo import probe
+
+    cls = make_backend("honest", ["aten.pow.Tensor_Scalar", "aten._unsafe_view.default",
+                                  "aten.clone.default"])
+    result = probe(cls(), ops=["aten.pow.Tensor_Scalar", "aten._unsafe_view"],
+                   dtypes=["float32"], dynamic=True)
+    assert {"aten.pow.Tensor_Scalar", "aten._unsafe_view.default"} <= result.dynamic_passed
+
+
+def test_dynamic_probe_cli_writes_the_flag(tmp_path, capsys):
+    from arbiter.cli import main
+    from arbiter.manifest import load_manifest
+
+    out = tmp_path / "ort.yaml"
+    assert main(["probe", "onnxruntime", "--dynamic", "--ops", "aten.mul", "--write",
+                 "--out", str(out)]) == 0
+    assert "(dynamic shapes)" in capsys.readouterr().out
+    manifest = load_manifest(out, backend="onnxruntime")
+    assert manifest.entry("aten.mul.Tensor").dynamic is True
+    assert manifest.probe.dynamic_samples_passed >= 1

@@ -44,8 +44,10 @@ sizes: the sample's own, and a second assignment of its symbols that satisfies t
 guards, with inputs tiled from the sample's (``arbiter.shapes``); both are compared with
 eager ATen. A passing sample credits each op of its graph that read or wrote a symbolic
 tensor (``ProbeResult.dynamic_passed``); a failing one of a single op blames it
-(``dynamic_failed``). ``manifest_update`` writes ``dynamic: true`` on the ops that passed
-and none that failed alone.
+(``dynamic_failed``). ``arbiter.probe.update.dynamic_update`` writes ``dynamic: true`` on
+the ops that passed, except those whose sample alone gave wrong numbers at some size (a
+silent error; an exception at a size is loud, and demotes the partition at run time)
+and those that failed alone and passed nowhere (``ProbeResult.dynamic_refused``).
 """
 from __future__ import annotations
 
@@ -116,6 +118,17 @@ class ProbeResult:
     dynamic_failed: dict[str, str] = field(default_factory=dict)
     # ops that passed only with the innermost sizes static: op -> the full failure
     dynamic_partial: dict[str, str] = field(default_factory=dict)
+    # ops whose sample alone gave wrong numbers at some size (silent, unlike an
+    # exception, which demotes at run time): op -> why; they stay static
+    dynamic_wrong: dict[str, str] = field(default_factory=dict)
+
+    def dynamic_refused(self) -> dict[str, str]:
+        """Ops a dynamic probe keeps static: wrong numbers alone in some sample, or failed
+        alone and passed in none."""
+        out = {op: why for op, why in self.dynamic_failed.items()
+               if op not in self.dynamic_passed}
+        out.update(self.dynamic_wrong)
+        return out
 
     def wrong_outputs(self, op: str) -> dict[int, dict[str, str]]:
         """{output index: {dtype: why}} of ``op`` that differed from eager in a sample."""
@@ -131,8 +144,10 @@ class ProbeResult:
                 if sample.stage == "innermost static" and len(sample.ops) == 1:
                     self.dynamic_partial.setdefault(sample.ops[0], sample.reason)
             elif sample.status == "failed" and len(sample.ops) == 1:
-                self.dynamic_failed.setdefault(sample.ops[0],
-                                               f"{sample.stage}: {sample.reason}"[:300])
+                why = f"{sample.stage}: {sample.reason}"[:300]
+                self.dynamic_failed.setdefault(sample.ops[0], why)
+                if sample.stage == "numbers" or "differs from eager" in sample.reason:
+                    self.dynamic_wrong.setdefault(sample.ops[0], why)
             return
         if sample.status == "passed":
             for op, dt in credit:
@@ -158,12 +173,12 @@ class ProbeResult:
     def summary(self) -> str:
         c = self.counts()
         if self.dynamic:
-            failed = [op for op in self.dynamic_failed if op not in self.dynamic_passed]
+            failed = list(self.dynamic_refused())
             return (f"{self.backend} (dynamic shapes): {self.opinfos_done}/{self.opinfos_total} "
                     f"OpInfos, {c['passed'] + c['failed']} samples run at two sizes "
                     f"({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped) in "
                     f"{self.elapsed_s:.0f} s; {len(self.dynamic_passed)} ops take symbols, "
-                    f"{len(failed)} ops failed alone"
+                    f"{len(failed)} ops kept static (failed alone)"
                     f"{' (stopped at the time limit)' if self.stopped_early else ''}")
         failed_ops = [op for op in self.failed if op not in self.passed]
         return (f"{self.backend}: {self.opinfos_done}/{self.opinfos_total} OpInfos, "
@@ -595,7 +610,7 @@ def _innermost_static(backend, manifest, info, label, dname, sample, decomps, re
 
 #: OpInfo samples looked at, and run, per (OpInfo, dtype) by the dynamic probe.
 DYNAMIC_SAMPLES = 16
-DYNAMIC_RUNS = 3
+DYNAMIC_RUNS = 6
 
 
 def _samples(opinfo, dtype: torch.dtype, limit: int):

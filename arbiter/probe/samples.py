@@ -2,7 +2,8 @@
 
 Graphs from Dynamo and AOTAutograd hold overloads that no OpInfo sample traces to:
 ``pow.Tensor_Scalar`` (only inside ``local_response_norm``), ``div.Scalar`` (from
-decompositions), ``_unsafe_view`` (from ``matmul``'s). A model full of them (GPT-2's
+decompositions), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of a symbolic length
+(GPT-2's positions: OpInfo's ``arange`` samples take no tensor, so nothing varies). A model full of them (GPT-2's
 ``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
 overload directly, with sizes computed from its inputs (a fixed target size would pin
 the symbols), and goes through the same probe as an OpInfo sample
@@ -50,6 +51,18 @@ class OpSample:
             yield SampleInput(ts[0], args=(*ts[1:], *self._args))
 
 
+def _arange(x: torch.Tensor) -> torch.Tensor:
+    return aten.arange.default(x.shape[0], dtype=x.dtype) + x[:, 0]
+
+
+def _arange_start(x: torch.Tensor) -> torch.Tensor:
+    return aten.arange.start(1, x.shape[0] + 1, dtype=x.dtype) * x[:, 0]
+
+
+def _arange_start_step(x: torch.Tensor) -> torch.Tensor:
+    return aten.arange.start_step(0, 2 * x.shape[0], 2, dtype=x.dtype) - x[:, 0]
+
+
 def _unsafe_view(x: torch.Tensor) -> torch.Tensor:
     return aten._unsafe_view.default(x.clone(), [x.shape[0] * x.shape[1], x.shape[2]])
 
@@ -82,6 +95,10 @@ SAMPLES: dict[str, OpSample] = {s.overload: s for s in (
     OpSample("mul.Scalar", aten.mul.Scalar, [[(4, 5, 6)]], (0.5,)),
     OpSample("add.Scalar", aten.add.Scalar, [[(4, 5, 6)]], (1.5,)),
     OpSample("_unsafe_view.default", _unsafe_view, [[(4, 5, 6)], [(3, 7, 2)]]),
+    # sizes that are ints of the graph (a position index up to the sequence length)
+    OpSample("arange.default", _arange, [[(5, 3)]]),
+    OpSample("arange.start", _arange_start, [[(5, 3)]]),
+    OpSample("arange.start_step", _arange_start_step, [[(5, 3)]]),
     OpSample("gelu_backward.default", _gelu_backward, [[(4, 5, 6), (4, 5, 6)]]),
     OpSample("threshold_backward.default", _threshold_backward, [[(4, 5, 6), (4, 5, 6)]]),
     OpSample("_softmax_backward_data.default", _softmax_backward, [[(4, 5, 6), (4, 5, 6)]]),

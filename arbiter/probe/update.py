@@ -30,12 +30,11 @@ def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
 
 def dynamic_update(doc: dict, result: ProbeResult) -> dict:
     """A manifest document updated with a dynamic probe's findings: ``dynamic: true`` on
-    the entries of ops that passed at two sizes through one artifact and did not fail
-    alone; ``dynamic: false`` where an op failed alone (kept until a probe passes it);
-    ``probe.dynamic_*`` records the run. Dtypes are not touched."""
+    the entries of ops that passed at two sizes through one artifact; ``dynamic: false``
+    on those it keeps static (``ProbeResult.dynamic_refused``); ``probe.dynamic_*``
+    records the run. Dtypes are not touched."""
     ops: dict = dict(doc.get("ops") or {})
-    failed = {op: why for op, why in result.dynamic_failed.items()
-              if op not in result.dynamic_passed}
+    failed = result.dynamic_refused()
     for op in sorted(result.dynamic_passed | set(failed)):
         key = op if op in ops else packet_name(op)
         if key not in ops:  # only the wildcard "*" took it: nothing to mark
