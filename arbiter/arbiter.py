@@ -148,6 +148,11 @@ class Arbiter:
                  sum(p.size for p in plan.partitions), len(plan.partitions),
                  ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3,
                  choice.outcome.policy)
+        if record.frame and record.frame[1] >= 2 and not record.symbols:
+            log.warning("%s: Dynamo compiled this frame %d times (static shapes each time); "
+                        "past torch._dynamo.config.recompile_limit it runs the frame in "
+                        "eager without arbiter. torch.compile(dynamic=None or True) lets one "
+                        "symbolic graph serve every size", label, record.frame[1] + 1)
         if record.symbols:
             share = shape_eager_share(record, self.backends)
             log.log(logging.WARNING if share > SHAPE_EAGER_WARN else logging.INFO,

@@ -171,6 +171,27 @@ def _source_text(name: Any) -> str:
     return re.sub(r"\.size\(\)\[(\d+)\]", r".size(\1)", text)
 
 
+def input_ranges(values: Sequence[Any], args: Sequence[Any]) -> list:
+    """Per input, what an optimization profile needs (TensorRT's min/opt/max shapes):
+    for a tensor, one (min, opt, max) per dimension, ``opt`` the size at this call and
+    ``max`` None when unbounded; static sizes give (n, n, n). None for other inputs."""
+    env = shape_env_of(values)
+    out: list = []
+    for v, a in zip(values, args):
+        if not isinstance(v, torch.Tensor):
+            out.append(None)
+            continue
+        dims = []
+        for s, n in zip(v.shape, a.shape):
+            if isinstance(s, torch.SymInt) and env is not None:
+                lo, hi = bounds(expr(s), env)
+                dims.append((lo, int(n), hi))
+            else:
+                dims.append((int(n), int(n), int(n)))
+        out.append(dims)
+    return out
+
+
 # -- reading symbols from real arguments --------------------------------------------
 class Reader:
     """Where each symbol of a graph's inputs can be read from a call's real arguments.

@@ -507,3 +507,57 @@ def test_dynamic_probe_cli_writes_the_flag(tmp_path, capsys):
     manifest = load_manifest(out, backend="onnxruntime")
     assert manifest.entry("aten.mul.Tensor").dynamic is True
     assert manifest.probe.dynamic_samples_passed >= 1
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino", "inductor"])
+def test_backend_takes_int_inputs_of_a_symbolic_partition(backend):
+    """A partition whose symbols no tensor input carries bare gets them as ints."""
+    pytest.importorskip({"onnxruntime": "onnxruntime", "openvino": "openvino",
+                         "inductor": "torch"}[backend])
+    cls = arbiter.get_backend_class(backend)
+    calls = [(torch.randn(2, 3, 4), torch.randn(2, 3)), (torch.randn(3, 5, 4), torch.randn(3, 5))]
+    gm, _ = _aot_graph(_fold, *calls)
+    relu = next(n for n in gm.graph.nodes if n.name.startswith("relu"))
+    names, after = [], False
+    for n in gm.graph.nodes:
+        after = after or n is relu
+        if after and n.op == "call_function":
+            names.append(n.name)
+            if n.meta["val"].dim() == 3:
+                break
+    sub = _cut(gm, names)
+    inner = shapes.input_values(sub.gm)
+    assert sum(isinstance(v, torch.SymInt) for v in inner) == 2
+
+    def args_for(b, t):  # the two ints in either order: they only reshape (b*t, 4)
+        ints = iter([b, t])
+        return [torch.randn(b * t, 4) if isinstance(v, torch.Tensor) else next(ints)
+                for v in inner]
+
+    fn = Symbolic(cls()).compile(sub.gm, args_for(2, 3))  # checks a second shape itself
+    for b, t in ((2, 3), (4, 5), (3, 7)):
+        a = args_for(b, t)
+        torch.testing.assert_close(fn(*a)[0], sub.gm(*a)[0], **TOL)
+
+
+def test_input_ranges_for_optimization_profiles(fresh_dynamo):
+    seen = {}
+
+    def capture(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+        def compiler(fx_g, _):
+            seen["values"] = shapes.input_values(fx_g)
+            return make_boxed_func(fx_g)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler,
+                                     inference_compiler=compiler)
+
+    f = torch.compile(lambda x: x * 2, backend=capture)
+    x = torch.randn(6, 3)
+    torch._dynamo.mark_dynamic(x, 0, min=2, max=64)
+    with torch.no_grad():
+        f(x)
+    values = seen["values"]
+    args = [6 if isinstance(v, torch.SymInt) else x for v in values]
+    ranges = [r for r in shapes.input_ranges(values, args) if r is not None]
+    assert ranges == [[(2, 6, 64), (3, 3, 3)]]

@@ -28,7 +28,7 @@ def _encoder():
                    (torch.randn(4, 24, 64),)]
 
 
-def _decoder():
+def _decoder():  # batch 1 first, as generation does
     model, _ = examples.gpt2_tiny()
     g = torch.Generator().manual_seed(0)
     return model, [(torch.randint(0, 1000, (1, 32), generator=g),),
@@ -77,16 +77,22 @@ def test_varying_sizes_equal_eager(name, config, dynamic, fresh_dynamo):
     assert kinds == {"inference"}
     symbolic = [g for g in rep.graphs if g.symbols]
     expected = {None: (2, 1), True: (1, 1), False: (3, 0)}[dynamic]
+    if dynamic is True and name == "decoder":
+        # batch 1 first: Dynamo specializes sizes 0 and 1 even with dynamic=True, so the
+        # first graph is symbolic in the sequence only, the second in both
+        expected = (2, 2)
     # per Dynamo frame: graph breaks would add frames, these models have none
     assert (len(rep.graphs), len(symbolic)) == expected, rep.summary()
     assert counts[0] == counts[1]
     for g in symbolic:
         assert g.shape_eager_share == 0.0, str(rep)
-        for p in g.partitions:
-            if p.inline:  # size arithmetic, and ops no backend takes (not for shapes)
-                continue
-            assert p.compiled and p.shapes == "symbolic", str(rep)
-            assert not any("symbolic shapes" in f.reason for f in p.fallbacks
-                           if f.to_backend == "eager"), str(rep)
+        compiled = [p for p in g.partitions if not p.inline]
+        # one artifact for every size; a partition of static values (GPT-2's attention
+        # scale, a 0-d tensor) is static; none is compiled per shape
+        assert compiled and all(p.compiled for p in compiled), str(rep)
+        assert any(p.shapes == "symbolic" for p in compiled), str(rep)
+        assert all(p.shapes in ("symbolic", "static") for p in compiled), str(rep)
+        assert not any("symbolic shapes" in f.reason for p in compiled for f in p.fallbacks
+                       if f.to_backend == "eager"), str(rep)
     if dynamic is None:
         assert [g.recompile for g in rep.graphs] == [0, 1]

@@ -95,6 +95,11 @@ class Symbolic:
         fn = self.backend.compile(gm, list(args))
         added = [g.expr for g in env.guards[n_guards:]] if env is not None else []
         wrapped = Checked(fn, gm, added)
+        if added:  # the artifact holds for fewer sizes: check one it claims
+            second = second_assignment(values, args)
+            if second is None:
+                raise ShapeError(f"{R}: compiling added guards that leave no second shape "
+                                 f"to check ({', '.join(map(str, added))[:200]})")
         check_second_shape(wrapped, gm, args, second, self.tolerances)
         log.info("%s: symbolic artifact checked at a second shape (%s)", self.name,
                  second.describe())

@@ -102,8 +102,6 @@ def hoist_size_arithmetic(gm: torch.fx.GraphModule) -> int:
     """Move nodes that compute a size from the graph's inputs alone (no tensor math:
     ``s0 * s1``, ``sym_size(x, 0)`` of an input) right after the placeholders, keeping
     their order. Returns how many moved."""
-    from ..shapes import is_symbolic
-
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if not placeholders:
@@ -116,7 +114,7 @@ def hoist_size_arithmetic(gm: torch.fx.GraphModule) -> int:
             continue
         val = n.meta.get("val")
         if not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or \
-                not is_symbolic(val) or not all(i in ready for i in n.all_input_nodes):
+                not all(i in ready for i in n.all_input_nodes):
             continue
         if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
             continue
