@@ -182,7 +182,7 @@ def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
     import openvino as ov
 
     with quiet():
-        exported = export_program(gm, args, dynamic=dynamic)
+        exported = export_program(_views_as_reshapes(gm), args, dynamic=dynamic)
         try:
             model = ov.convert_model(exported)
         except Exception as exc:
@@ -205,6 +205,25 @@ def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
                                else ov.PartialShape(list(a.shape)))
     model.validate_nodes_and_infer_types()
     return model
+
+
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with every ``aten.view`` a ``aten.reshape`` (a copy of the graph; constants
+    shared). OpenVINO's frontend runs decompositions again on the ExportedProgram, and
+    there the strides of some values differ from those traced (the output of SDPA's CPU
+    kernel in BERT and GPT-2): ``view`` then fails ("Cannot view a tensor with shape
+    [4, 32, 256] and strides (256, 1024, 1)"), and the whole partition fell back to the
+    next backend. A reshape is a view where one is possible and a copy where not; the
+    partition is functional and its outputs are copied into torch's buffers anyway, so
+    no answer changes."""
+    if not any(n.target is torch.ops.aten.view.default for n in gm.graph.nodes):
+        return gm
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.view.default:
+            n.target = torch.ops.aten.reshape.default
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 def _partial_shape(value, arg: torch.Tensor):
