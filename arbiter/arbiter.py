@@ -37,8 +37,8 @@ from .registry import Backend, get_backend_class
 from .report import BackendStatus, Report
 from .report.advice import advise
 from .report.build import SHAPE_EAGER_WARN, graph_report, shape_eager_share
-from .run.freeze import FrozenGraph, placeholder_positions
 from .run.dynamic import chain_labels, shape_chain
+from .run.freeze import FrozenGraph, placeholder_positions
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord

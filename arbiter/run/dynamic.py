@@ -6,7 +6,7 @@ fallback chain (``run.piece.Piece``) is made of views of the backends (``shape_c
 * ``Symbolic(backend)``: the backend compiles the symbolic graph once (ONNX Runtime and
   OpenVINO export with ``dynamic_shapes``, Inductor compiles on the graph's fake inputs).
   Nothing is trusted unchecked: before the artifact is used it runs at a *second shape*
-  (``arbiter.second_assignment``: other sizes within the symbols' ranges that
+  (``arbiter.shapes.second_assignment``: other sizes within the symbols' ranges that
   satisfy every guard, inputs made from the first call's), compared with eager ATen; a
   failure (exporters have produced static graphs silently, sessions have failed only at a
   new size) or no valid second shape raises, and the piece falls back down its chain.
@@ -19,7 +19,7 @@ fallback chain (``run.piece.Piece``) is made of views of the backends (``shape_c
   ``limit`` shapes (the config's ``shapes.max_specializations``); one more raises, and
   the piece moves to the next backend of its chain.
 
-Every reason these views give starts with ``arbiter.REASON``, so the report can
+Every reason these views give starts with ``arbiter.shapes.REASON``, so the report can
 tell compute left to eager because of shapes.
 """
 from __future__ import annotations
@@ -28,15 +28,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.fx
 
-from ..shapes import (REASON, Reader, SecondShape, graph_is_symbolic, input_values, inputs_at,
-                      second_assignment, shape_env_of)
 from ..errors import describe
+from ..ops import output_values
 from ..registry import Backend
+from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
+                      inputs_at, second_assignment, shape_env_of)
 from .verify import compare
 
 log = logging.getLogger(__name__)
@@ -151,11 +152,9 @@ class OutputCheck:
     def __init__(self, gm: torch.fx.GraphModule):
         import sympy
 
-        from ..shapes import expr
-
         reader = Reader(input_values(gm))
         self.record = None
-        vals = _output_values(gm)
+        vals = output_values(gm) or []
         exprs: list = []
         self._layout: list = []  # per output: None, or (offset, rank, has strides)
         for v in vals:
@@ -169,7 +168,8 @@ class OutputCheck:
                 contiguous.append(acc)
                 acc = acc * n
             contiguous.reverse()
-            odd = bool(strides) and any(sympy.expand(a - b) != 0 for a, b in zip(strides, contiguous))
+            odd = bool(strides) and any(sympy.expand(a - b) != 0
+                                        for a, b in zip(strides, contiguous))
             self._layout.append((len(exprs), len(sizes), odd))
             exprs += sizes + (strides if odd else [])
         self._fn = reader.function(exprs, "output_layout") if exprs else None
@@ -200,14 +200,8 @@ class OutputCheck:
         return out if fixed is None else fixed
 
 
-def _output_values(gm: torch.fx.GraphModule) -> list:
-    from ..ops import output_values
-
-    return output_values(gm) or []
-
-
 def check_second_shape(fn: Callable, gm: torch.fx.GraphModule, args: Sequence[Any],
-                       second: "SecondShape", tolerances: Any = None) -> float:
+                       second: SecondShape, tolerances: Any = None) -> float:
     """Run ``fn`` and eager ATen at the second shape; raise ShapeError on any difference.
     Returns the largest error."""
     inputs = inputs_at(input_values(gm), args, second.assignment)
