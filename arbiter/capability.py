@@ -38,6 +38,7 @@ NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+NO_OUTPUT = "returns nothing (a runtime assert on sizes: runs in place)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 _PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
 
@@ -189,6 +190,8 @@ class CapabilityTable:
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
             return ("notaten", target), NOT_ATEN
+        if not target._schema.returns:  # _assert_scalar, sym_constrain_range...
+            return ("nooutput", target), NO_OUTPUT
         if is_mutating(node):
             return ("mutates", target), MUTATES
         if random_depends_on_args(node):

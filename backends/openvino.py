@@ -182,7 +182,7 @@ def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
     import openvino as ov
 
     with quiet():
-        exported = export_program(_views_as_reshapes(gm), args, dynamic=dynamic)
+        exported = export_program(_for_openvino(gm), args, dynamic=dynamic)
         try:
             model = ov.convert_model(exported)
         except Exception as exc:
@@ -207,23 +207,62 @@ def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
     return model
 
 
-def _views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with every ``aten.view`` a ``aten.reshape`` (a copy of the graph; constants
-    shared). OpenVINO's frontend runs decompositions again on the ExportedProgram, and
-    there the strides of some values differ from those traced (the output of SDPA's CPU
-    kernel in BERT and GPT-2): ``view`` then fails ("Cannot view a tensor with shape
-    [4, 32, 256] and strides (256, 1024, 1)"), and the whole partition fell back to the
-    next backend. A reshape is a view where one is possible and a copy where not; the
-    partition is functional and its outputs are copied into torch's buffers anyway, so
-    no answer changes."""
-    if not any(n.target is torch.ops.aten.view.default for n in gm.graph.nodes):
+def _for_openvino(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` rewritten for OpenVINO's frontend (a copy of the graph; constants shared):
+
+    * every ``aten.view`` a ``aten.reshape``. The frontend runs decompositions again on
+      the ExportedProgram, and there the strides of some values differ from those traced
+      (the output of SDPA's CPU kernel in BERT and GPT-2): ``view`` then failed ("Cannot
+      view a tensor with shape [4, 32, 256] and strides (256, 1024, 1)"), and the whole
+      partition fell back to the next backend. A reshape is a view where one is possible;
+      the partition is functional and its outputs are copied into torch's buffers anyway;
+    * ``_scaled_dot_product_flash_attention_for_cpu`` (what AOTAutograd makes of SDPA on
+      CPU) whose log-sum-exp no node reads, ``aten.scaled_dot_product_attention``: the
+      frontend translates that into OpenVINO's fused attention, the other into MatMul,
+      Softmax and Transposes (on the BERT-style encoder of bench/dynamic_shapes.py: 4
+      Transposes instead of 16, no Broadcast or Reorder nodes in the symbolic model).
+      Random ones (``dropout_p`` > 0) never reach a backend."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    view = torch.ops.aten.view.default
+    if not any(n.target in (view, flash) for n in gm.graph.nodes):
         return gm
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    for n in graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.view.default:
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is view:
             n.target = torch.ops.aten.reshape.default
+        elif n.target is flash:
+            _fuse_attention(graph, n)
+    graph.lint()
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replace one ``_scaled_dot_product_flash_attention_for_cpu`` by SDPA (see above)."""
+    import operator
+
+    users = list(node.users)
+    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in users):
+        return  # the log-sum-exp is read (a backward graph): keep the op as it is
+    names = [a.name for a in node.target._schema.arguments]
+    bound = dict(zip(names, node.args), **node.kwargs)
+    if bound.get("dropout_p", 0.0) != 0.0:
+        return
+    with graph.inserting_before(node):
+        sdpa = graph.call_function(
+            torch.ops.aten.scaled_dot_product_attention.default,
+            (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
+             bool(bound.get("is_causal", False))), {"scale": bound.get("scale")})
+    sdpa.meta = dict(node.meta)
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        sdpa.meta["val"] = node.meta["val"][0]
+    for u in users:
+        if u.args[1] == 0:
+            u.replace_all_uses_with(sdpa)
+        graph.erase_node(u)
+    graph.erase_node(node)
 
 
 def _partial_shape(value, arg: torch.Tensor):

@@ -589,3 +589,62 @@ def test_openvino_takes_bert_attention(dynamic, fresh_dynamo):
     parts = [p for g in be.report().graphs for p in g.partitions if not p.inline]
     assert parts and all(p.backend == "openvino" and not p.fallbacks for p in parts), \
         str(be.report())
+
+
+def test_data_dependent_sizes_cross_partitions(fresh_dynamo):
+    """nonzero's size (an unbacked symbol, `aten.sym_size` in the graph) runs in place and
+    reaches the next partition as a tensor dimension; runtime asserts on sizes run in place."""
+    def f(x):
+        idx = torch.nonzero(x[:, 0] > 0).squeeze(1)
+        y = x.index_select(0, idx)
+        return torch.relu(y * 2 + 1).sum(1) + idx.shape[0]
+
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = torch.compile(f, backend=be)
+        g = torch.Generator().manual_seed(0)
+        for n in (6, 9, 5, 7):
+            x = torch.randn(n, 4, generator=g)
+            if n == 7:
+                x[:, 0] = -1.0  # no row selected: a size of 0
+            torch.testing.assert_close(compiled(x), f(x), **TOL)
+    rep = be.report()
+    for gr in rep.graphs:
+        assert not any("_assert_scalar" in op for p in gr.partitions if not p.inline
+                       for op in p.ops), str(rep)
+    data = [p for gr in rep.graphs for p in gr.partitions
+            if "aten.index_select.default" in p.ops]
+    assert data and all(p.backend == "onnxruntime" and p.shapes == "symbolic" for p in data), \
+        str(rep)
+
+
+def test_openvino_gets_fused_attention_and_reshapes():
+    pytest.importorskip("openvino")
+    from arbiter.backends.openvino import _for_openvino
+
+    def f(q, k, v):
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return (h.transpose(1, 2).contiguous().view(2, 5, 16),)
+
+    args = [torch.randn(2, 4, 5, 4) for _ in range(3)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in ops
+    new = _for_openvino(gm)
+    new_ops = {n.target for n in new.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.scaled_dot_product_attention.default in new_ops
+    assert torch.ops.aten.view.default not in new_ops
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in ops  # a copy
+    torch.testing.assert_close(new(*args)[0], f(*args)[0], **TOL)
+
+
+def test_a_dtype_probe_keeps_the_dynamic_record(make_backend):
+    from arbiter.probe.opinfo import probe
+    from arbiter.probe.update import dynamic_update, manifest_update
+
+    cls = make_backend("honest", ["aten.add.Tensor"])
+    doc = {"backend": "honest", "format": 1, "ops": {"aten.add.Tensor": {}}}
+    dyn = dynamic_update(doc, probe(cls(), ops=["add"], dtypes=["float32"], dynamic=True))
+    after = manifest_update(dyn, probe(cls(), ops=["add"], dtypes=["float32"]))
+    assert after["ops"]["aten.add.Tensor"]["dynamic"] is True
+    assert after["probe"]["dynamic_samples_passed"] == dyn["probe"]["dynamic_samples_passed"]

@@ -63,7 +63,7 @@ def dynamic_update(doc: dict, result: ProbeResult) -> dict:
              "dynamic_failed": dict(sorted({**kept_failed, **failed}.items())),
              "dynamic_partial": dict(sorted({
                  **{op: why for op, why in (prev.get("dynamic_partial") or {}).items()
-                    if op not in failed},
+                    if op not in failed and op not in result.dynamic_passed},
                  **{op: why for op, why in result.dynamic_partial.items()
                     if op not in failed}}.items()))}
     if not same:  # the dtype record belongs to other versions: start it again
@@ -151,6 +151,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
     }
+    if same:  # a dynamic probe's record (dynamic_update) on the same versions stays
+        out["probe"].update({k: v for k, v in prev.items() if k.startswith("dynamic_")})
     return out
 
 
