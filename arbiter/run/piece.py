@@ -57,6 +57,8 @@ class PieceRecord:
     verify_checks: int = 0  # accuracy checks against eager ATen (config `verify`)
     verify_max_error: Optional[float] = None
     fallbacks: list[Fallback] = field(default_factory=list)
+    shapes: str = "static"  # or "symbolic" (one artifact), "per shape" (run.dynamic)
+    specializations: int = 0  # shapes compiled, when "per shape"
 
 
 def _compile_lock():
