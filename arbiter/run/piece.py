@@ -81,6 +81,54 @@ def _compile_lock():
 _COMPILE_LOCK = None
 
 
+def _snapshot(args: Sequence[Any]) -> list:
+    """Copies of the tensor arguments (same strides where the layout allows)."""
+    return [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _restore(args: Sequence[Any], before: Sequence[Any]) -> None:
+    """Write the copies back into the arguments a backend changed."""
+    for a, b in zip(args, before):
+        if isinstance(a, torch.Tensor) and not _same_bits(a, b):
+            try:
+                with torch.no_grad():
+                    a.copy_(b)
+            except RuntimeError:  # an expanded (overlapping) input cannot be written
+                log.debug("cannot restore an input", exc_info=True)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN equals the same NaN, -0.0 differs from 0.0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    try:
+        return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8),
+                           b.detach().reshape(-1).contiguous().view(torch.uint8))
+    except RuntimeError:  # a layout without a byte view (sparse...)
+        return bool(torch.equal(a, b))
+
+
+def _shared_buffers(first: Any, second: Any) -> Optional[tuple[int, int]]:
+    """(i, j) when output j of the second call shares memory with output i of the
+    first, else None."""
+    def spans(outs):
+        found = []
+        for k, t in enumerate(outs if isinstance(outs, (list, tuple)) else ()):
+            if isinstance(t, torch.Tensor) and t.numel() and t.layout == torch.strided:
+                st = t.untyped_storage()
+                found.append((k, st.data_ptr(), st.data_ptr() + st.nbytes(), t.device))
+        return found
+
+    earlier = spans(first)
+    for j, lo, hi, dev in spans(second):
+        for i, lo1, hi1, dev1 in earlier:
+            if dev == dev1 and lo < hi1 and lo1 < hi:
+                return i, j
+    return None
+
+
 def _evict(loaded: Sequence[tuple], why: str) -> None:
     """Remove persistent-cache entries a failed compile or run was built from."""
     for cache, kind, key in loaded:
@@ -117,9 +165,10 @@ class Piece:
     Every call of a compiled backend is checked against the partition's traced output
     metadata (count, shape, dtype, device: a few comparisons per output); a mismatch
     demotes the piece like an exception does. With ``verify`` (the config's
-    ``VerifyOptions``), chosen calls also run the ATen graph in eager on the same inputs
-    and compare (``arbiter.run.verify.compare``); a mismatch demotes the piece (stage
-    ``verify``) and that call returns eager's result.
+    ``VerifyOptions``), chosen calls copy the inputs first, check that the backend did
+    not write into them nor reuse its output buffers (a second call), run the ATen graph
+    in eager on the copies and compare (``arbiter.run.verify.compare``); a failure
+    demotes the piece (stage ``verify``) and that call returns eager's result.
     """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
@@ -164,9 +213,15 @@ class Piece:
             backend = self._backends[level]
             if backend.inline_aten:
                 return fn(*args)  # eager ATen: its errors are the model's own
+            due = self._verify_mode != "off" and self._due()
+            # verified calls: the reference is computed from the inputs as they were
+            # before the backend ran (it might write into them)
+            before = _snapshot(args) if due else None
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+                if before is not None:
+                    _restore(args, before)
                 self._demote_from(level, "run", describe(exc), args)
                 continue  # retry: the graphs are functional, the failed call changed nothing
             if self._specs is not None:
@@ -175,10 +230,12 @@ class Piece:
                     self._device_checks -= 1
                 why = check_meta(out, self._specs, devices)
                 if why is not None:
+                    if before is not None:
+                        _restore(args, before)
                     self._demote_from(level, "run", f"wrong output: {why}", args)
                     continue
-            if self._verify_mode != "off" and self._due():
-                expected = self._verify(level, args, out)
+            if before is not None:
+                expected = self._verify(level, fn, args, before, out)
                 if expected is not None:
                     return expected
             return self._restrided(out)
@@ -207,17 +264,45 @@ class Piece:
         self._since_compile = n + 1
         return n % self._verify_every == 0
 
-    def _verify(self, level: int, args: Sequence[Any], out: Any) -> Optional[list]:
-        """Compare ``out`` with eager ATen; on a mismatch demote and return eager's."""
-        expected = list(self.gm(*args))
-        cmp = compare(expected, list(out), self._tolerances)
+    def _verify(self, level: int, fn: Callable, args: Sequence[Any], before: list,
+                out: Any) -> Optional[list]:
+        """Check a verified call; on a failure demote and return eager's result.
+
+        ``before`` holds copies of the inputs taken before the backend ran: the reference
+        is eager ATen on them, so a backend writing into its inputs cannot change the
+        reference. Checked in order: the inputs were not written (they are restored if
+        they were: eager nodes after this partition read them); a second call does not
+        return the first call's buffers (a result the user holds would change under
+        them); the numbers match eager within tolerance."""
         rec = self.record
         rec.verify_checks += 1
-        if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
-            rec.verify_max_error = cmp.max_error
-        if cmp.ok:
-            return None
-        self._demote_from(level, "verify", f"differs from eager: {cmp.detail}", args)
+        why = None
+        again = None
+        try:
+            again = fn(*args)  # a second call on the same inputs: are buffers reused?
+        except Exception as exc:  # noqa: BLE001 - a backend failure demotes the piece
+            why = f"failed on a second call with the same inputs ({describe(exc)})"
+        written = [k for k, (a, b) in enumerate(zip(args, before))
+                   if isinstance(a, torch.Tensor) and not _same_bits(a, b)]
+        if written:
+            _restore(args, before)
+            why = (f"wrote into its input{'s' if len(written) > 1 else ''} "
+                   f"{', '.join(map(str, written))} (partition inputs are read-only)")
+        elif why is None:
+            shared = _shared_buffers(out, again)
+            if shared is not None:
+                why = (f"returns the same output buffer on every call (output {shared[1]} of "
+                       f"a second call is output {shared[0]} of the first): results the "
+                       "caller holds would change")
+        expected = list(self.gm(*before))
+        if why is None:
+            cmp = compare(expected, list(out), self._tolerances)
+            if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
+                rec.verify_max_error = cmp.max_error
+            if cmp.ok:
+                return None
+            why = f"differs from eager: {cmp.detail}"
+        self._demote_from(level, "verify", why, args)
         return expected
 
     # -- compile and demote --------------------------------------------------------
