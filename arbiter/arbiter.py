@@ -191,7 +191,8 @@ class Arbiter:
             if key not in pieces:
                 record = PieceRecord(part.id, part.backend, [b.name for b in chain])
                 sub = extract(plan, part, constants)
-                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
+                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
+                              compile_timeout_s=self.config.compile_timeout_s)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)

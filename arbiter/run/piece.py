@@ -11,6 +11,7 @@ report reads: the report shows what actually ran, never what was planned.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -79,6 +80,49 @@ def _compile_lock():
 
 
 _COMPILE_LOCK = None
+
+
+class CompileTimeout(Exception):
+    """A backend's compile did not finish within the config's ``compile_timeout_s``."""
+
+
+def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
+             timeout: Optional[float]) -> Callable:
+    """``backend.compile(gm, args)``; with a ``timeout``, in a helper thread waited for at
+    most that long (CompileTimeout after).
+
+    Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
+    thread, holding what it holds, and its result is dropped. The helper thread gets the
+    caller's grad and inference modes and context variables (the cache's record of the
+    entries a compile used); it has no dispatch mode, like the caller's compile under
+    ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
+    a backend that takes that lock itself would wait for it, and time out."""
+    if timeout is None:
+        return backend.compile(gm, args)
+    ctx = contextvars.copy_context()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    result: dict = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                result["fn"] = ctx.run(backend.compile, gm, args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            result["exc"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, daemon=True,
+                              name=f"arbiter-compile-{backend.name}")
+    worker.start()
+    if not done.wait(timeout):
+        raise CompileTimeout(f"{backend.name} did not finish compiling within "
+                             f"{timeout:g} s (compile_timeout_s); its thread is left "
+                             "running and its result will be dropped")
+    if "exc" in result:
+        raise result["exc"]
+    return result["fn"]
 
 
 def _snapshot(args: Sequence[Any]) -> list:
@@ -172,7 +216,8 @@ class Piece:
     """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
-                 backends: Sequence[Backend], graph_label: str, verify: Any = None):
+                 backends: Sequence[Backend], graph_label: str, verify: Any = None,
+                 compile_timeout_s: Optional[float] = None):
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
@@ -193,6 +238,7 @@ class Piece:
         self._verify_pending = False  # verify `first`: the next call is checked
         self.timed = False  # set by a timed run (the report's per-partition times)
         self._served: list = []  # cache entries the current backend was compiled from
+        self._compile_timeout = compile_timeout_s
 
     def __call__(self, *args: Any) -> Any:
         if self.timed:
@@ -326,7 +372,7 @@ class Piece:
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes(), served() as loaded:
-                    self._fn = backend.compile(self.gm, list(args))
+                    self._fn = _compile(backend, self.gm, list(args), self._compile_timeout)
                 self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
