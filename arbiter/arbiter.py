@@ -38,6 +38,7 @@ from .report import BackendStatus, Report
 from .report.advice import advise
 from .report.build import graph_report
 from .run.freeze import FrozenGraph, placeholder_positions
+from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
@@ -106,9 +107,12 @@ class Arbiter:
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
-        return lower(gm, example_inputs, self._compile_graph,
-                     decompositions=self._decompositions,
-                     freeze_weights=self.config.freeze_weights)
+        # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
+        # threads running compiled graphs meanwhile (run/isolation.py)
+        with tracing_in_this_thread():
+            return lower(gm, example_inputs, self._compile_graph,
+                         decompositions=self._decompositions,
+                         freeze_weights=self.config.freeze_weights)
 
     def plan(self, gm: torch.fx.GraphModule) -> Plan:
         """The priority plan for an ATen FX graph (nodes need ``meta["val"]``)."""

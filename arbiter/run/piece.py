@@ -27,6 +27,7 @@ from ..cache import served
 from ..errors import describe
 from ..ops import output_values
 from ..registry import Backend
+from .isolation import tracing_in_this_thread
 from .verify import check_meta, compare, output_specs
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
     ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
     a backend that takes that lock itself would wait for it, and time out."""
     if timeout is None:
-        return backend.compile(gm, args)
+        with tracing_in_this_thread():  # torch's tracing state stays in this thread
+            return backend.compile(gm, args)
     ctx = contextvars.copy_context()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     result: dict = {}
@@ -106,7 +108,8 @@ def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
 
     def work() -> None:
         try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                    tracing_in_this_thread():
                 result["fn"] = ctx.run(backend.compile, gm, args)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
             result["exc"] = exc
@@ -221,9 +224,12 @@ class Piece:
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
-        self._level = -1
+        # (level in the chain, callable): one attribute, published only when the level's
+        # callable is ready, so a thread never pairs a level with another level's callable
+        # (it once ran the ATen graph while another thread's export had swapped its
+        # constants for fake tensors: FakeTensor results, docs/robustness.md)
+        self._current: tuple[int, Callable] = (-1, gm)
         self._lock = threading.Lock()
-        self._fn: Callable = gm
         self.__name__ = f"partition_{record.partition_id}_{record.planned}"
         self.__qualname__ = self.__name__
         self.__module__ = __name__
@@ -240,6 +246,11 @@ class Piece:
         self._served: list = []  # cache entries the current backend was compiled from
         self._compile_timeout = compile_timeout_s
 
+    @property
+    def _fn(self) -> Callable:
+        """The callable of the current level (bench/ reads it)."""
+        return self._current[1]
+
     def __call__(self, *args: Any) -> Any:
         if self.timed:
             start = time.perf_counter()
@@ -250,12 +261,12 @@ class Piece:
         return self._call(*args)
 
     def _call(self, *args: Any) -> Any:
-        if self._level < 0:
+        if self._current[0] < 0:
             with _compile_lock(), self._lock:
-                if self._level < 0:
+                if self._current[0] < 0:
                     self._advance(args, None)
         while True:
-            level, fn = self._level, self._fn
+            level, fn = self._current
             backend = self._backends[level]
             if backend.inline_aten:
                 return fn(*args)  # eager ATen: its errors are the model's own
@@ -355,14 +366,15 @@ class Piece:
     def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
         """Compile the next backend of the chain that compiles; must hold the locks."""
         start = time.perf_counter()
+        level = self._current[0]
         while True:
-            self._level += 1
-            backend = self._backends[self._level]
+            level += 1
+            backend = self._backends[level]
             if failure is not None:
                 frm, stage_reason = failure
                 self._note(frm, backend.name, *stage_reason)
             if backend.inline_aten:
-                self._fn = self.gm
+                fn = self.gm
                 break
             loaded: list = []  # persistent-cache entries the compile used
             try:
@@ -372,11 +384,11 @@ class Piece:
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes(), served() as loaded:
-                    self._fn = _compile(backend, self.gm, list(args), self._compile_timeout)
+                    fn = _compile(backend, self.gm, list(args), self._compile_timeout)
                 self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
-                attach = getattr(self._fn, "attach_record", None)
+                attach = getattr(fn, "attach_record", None)
                 if attach is not None:
                     attach(self.record)
                 log.info("%s partition %d: compiled with %s in %.2f s", self._label,
@@ -391,11 +403,12 @@ class Piece:
         self._verify_pending = not backend.inline_aten
         self.record.backend = backend.name
         self.record.compile_s += time.perf_counter() - start
+        self._current = (level, fn)
 
     def _demote_from(self, level: int, stage: str, reason: str, args: Sequence[Any]) -> None:
         """Move past the backend at ``level``, unless another thread already did."""
         with _compile_lock(), self._lock:
-            if self._level == level:
+            if self._current[0] == level:
                 failed = self._backends[level].name
                 # kept, a cached artifact that failed would fail in every later process
                 _evict(self._served, f"{failed} failed to {stage} with it ({reason})")
