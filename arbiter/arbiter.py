@@ -42,6 +42,7 @@ from .report.advice import advise
 from .report.build import SHAPE_EAGER_WARN, graph_report, shape_eager_share
 from .run.dynamic import chain_labels, shape_chain
 from .run.freeze import FrozenGraph, placeholder_positions
+from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
@@ -169,9 +170,12 @@ class Arbiter:
             # the backward graph compiles later, at the first backward: owner kept here
             return self._compile_graph(graph, kind, constants, owner=owner)
 
-        return lower(gm, example_inputs, compile_graph,
-                     decompositions=self._decompositions,
-                     freeze_weights=self.config.freeze_weights)
+        # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
+        # threads running compiled graphs meanwhile (run/isolation.py)
+        with tracing_in_this_thread():
+            return lower(gm, example_inputs, compile_graph,
+                         decompositions=self._decompositions,
+                         freeze_weights=self.config.freeze_weights)
 
     def plan(self, gm: torch.fx.GraphModule) -> Plan:
         """The priority plan for an ATen FX graph (nodes need ``meta["val"]``)."""
@@ -300,7 +304,8 @@ class Arbiter:
                                     self.config.shapes.max_specializations,
                                     self.config.verify.tolerances, label)
                 record = PieceRecord(part.id, part.backend, chain_labels(chain))
-                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
+                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
+                              compile_timeout_s=self.config.compile_timeout_s)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)

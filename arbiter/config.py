@@ -193,6 +193,12 @@ class Config(BaseModel):
                                         description="one thread budget and arena per process")
     shapes: ShapesOptions = Field(default_factory=ShapesOptions,
                                   description="symbolic shapes: compiles per concrete shape")
+    compile_timeout_s: Optional[StrictFloat] = Field(
+        None, gt=0, description="give up waiting for a backend's compile of one partition "
+        "after this long and fall back to the next backend of its chain (reported, stage "
+        "`compile`). The compile then runs in a helper thread; Python cannot stop a thread, "
+        "so a compile that hangs keeps its thread (and what it holds) until it ends, and its "
+        "result is discarded (docs/robustness.md). None: wait as long as it takes")
     min_block_size: StrictInt = Field(
         3, ge=1, description="a partition with fewer compute nodes is handed to the next "
                              "backend able to run its nodes (eager is exempt)")

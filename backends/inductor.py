@@ -20,6 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from arbiter.errors import require_known, unknown_name
+from arbiter.ops import nonfinite_validators
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -33,6 +34,10 @@ class InductorOptions(BaseModel):
                            "max-autotune-no-cudagraphs"]] = Field(
         None, description="torch.compile mode (the max-autotune modes turn on "
         "`max_autotune`)")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when an input "
+        "holds NaN (measured by `arbiter probe`: grid_sample, multi_margin_loss). false: "
+        "compile them anyway")
     trusted_options: list[str] = Field(
         default_factory=list, description="keys of `options` you allow although they name "
         "programs, paths or flags Inductor runs or loads (one by one: only write this in a "
@@ -158,11 +163,28 @@ def _type_name(tp) -> str:
         "typing.", "")
 
 
+#: Ops whose results differ from eager when an input holds NaN (torch 2.13 Inductor,
+#: CPU, float32; `arbiter probe inductor --dtypes float32`, 2026-11-23). Refused on
+#: floating inputs unless `exact_nonfinite` is false. Differences that need +-inf or huge
+#: inputs (gelu, batch and group norm, linear upsampling, remainder with inf; acosh of
+#: huge values) are reported by the probe, not refused (docs/robustness.md).
+_NONFINITE = {
+    "aten.grid_sampler_2d": "grid_sample with NaN differs",
+    "aten.multi_margin_loss": "multi_margin_loss with NaN differs",
+}
+_EXACT = nonfinite_validators(_NONFINITE, "inductor")
+
+
 @register_backend
 class Inductor(Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
+
+    @property
+    def validators(self) -> dict:
+        """The non-finite validators unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else {}
 
     def compile(self, gm, example_inputs):
         from torch._inductor import config as inductor_config

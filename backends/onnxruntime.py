@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from arbiter.errors import require_known
-from arbiter.ops import op_name
+from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -72,6 +72,10 @@ class OrtOptions(BaseModel):
         require_known("execution provider", v, onnxruntime.get_all_providers())
         return v
     optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when an input "
+        "holds NaN (measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is "
+        "x, heaviside(NaN, y) is 1...). false: run them on ONNX Runtime anyway")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
@@ -90,19 +94,43 @@ def _batch_norm_training(node) -> Optional[str]:
     return None
 
 
+_VALIDATORS = {
+    "aten._native_batch_norm_legit_functional": _batch_norm_training,
+    "aten._native_batch_norm_legit": _batch_norm_training,
+    "aten.native_batch_norm": _batch_norm_training,
+    "aten._batch_norm_with_update_functional": _batch_norm_training,
+    "aten.batch_norm": _batch_norm_training,
+}
+
+#: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
+#: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
+#: on floating inputs unless `exact_nonfinite` is false. Differences that need +-inf,
+#: -0.0 or huge inputs (gelu(inf) is inf where eager says NaN, group norm, upsampling and
+#: fft with inf, signbit(-0.0), logaddexp2 and hardswish of huge values) are reported by
+#: the probe, not refused (docs/robustness.md).
+_NONFINITE = {
+    "aten.sign": "sign(NaN) is NaN (eager: 0)",
+    "aten.clamp_min.Tensor": "clamp_min(NaN, x) is x",
+    "aten.clamp_max.Tensor": "clamp_max(NaN, x) is x",
+    "aten.heaviside": "heaviside(NaN, y) is 1 (eager: 0)",
+    "aten.atan2": "atan2 with NaN is 0",
+    "aten.angle": "angle(NaN) is 0",
+    "aten.grid_sampler_2d": "grid_sample with NaN differs",
+}
+_EXACT = {**nonfinite_validators(_NONFINITE, "onnxruntime"), **_VALIDATORS}
+
+
 @register_backend
 class OnnxRuntime(Backend):
     name = "onnxruntime"
     color = "#4e79a7"  # fixed in every report (arbiter/report/html.py)
     Options = OrtOptions
     install_hint = "pip install 'torch-arbiter[onnxruntime]'"
-    validators = {
-        "aten._native_batch_norm_legit_functional": _batch_norm_training,
-        "aten._native_batch_norm_legit": _batch_norm_training,
-        "aten.native_batch_norm": _batch_norm_training,
-        "aten._batch_norm_with_update_functional": _batch_norm_training,
-        "aten.batch_norm": _batch_norm_training,
-    }
+
+    @property
+    def validators(self) -> dict:
+        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
 
     def available(self) -> tuple[bool, str]:
         try:

@@ -32,6 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from arbiter.errors import require_known
+from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
@@ -56,6 +57,12 @@ class OvOptions(BaseModel):
         "the CPUs this process may run on (more is reduced, with a warning)")
     performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] = Field(
         "LATENCY", description="PERFORMANCE_HINT")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when their "
+        "inputs hold NaN, inf, -0.0 or huge values (measured by `arbiter probe`, which "
+        "feeds those: relu(NaN) and maximum(NaN, 0) are 0, exp(NaN) is inf, NaN > x is "
+        "true, softmax of a row with NaN is 0; eager says NaN or false). false: run them "
+        "on OpenVINO anyway (faster placement, but a NaN can vanish)")
     device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
                         "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
                         "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
@@ -137,16 +144,72 @@ def _full_variance(node) -> Optional[str]:
     return None
 
 
+#: Ops whose results differ from eager when an input holds NaN (openvino 2026.4, CPU,
+#: float32; `arbiter probe openvino --dtypes float32`, which feeds NaN, +-inf, -0.0 and
+#: huge values one kind at a time, and single values by hand, 2026-11-23): a NaN vanishes
+#: or appears. Refused on floating inputs unless `exact_nonfinite` is false. Differences
+#: that need +-inf, -0.0 or huge inputs (fmod, remainder, atan2(-0.0, x), logsigmoid of a
+#: huge value, bilinear upsampling and batch norm with inf...) are reported by the probe,
+#: not refused (docs/robustness.md); float -> integer conversions are undefined there.
+_NONFINITE = {
+    "aten.relu": "relu(NaN) is 0",
+    "aten.hardtanh": "hardtanh(NaN) is the lower bound",
+    "aten.clamp": "clamp(NaN) is the lower bound",
+    "aten.clamp_min": "clamp_min(NaN) is the bound",
+    "aten.clamp_max": "clamp_max(NaN) is the bound",
+    "aten.hardsigmoid": "hardsigmoid(NaN) is finite",
+    "aten.maximum": "maximum(NaN, 0) is 0",
+    "aten.minimum": "minimum(NaN, 0) is 0",
+    "aten.max": "max skips NaN",
+    "aten.min": "min skips NaN",
+    "aten.amax": "amax of a row with NaN is inf",
+    "aten.amin": "amin skips NaN",
+    "aten.argmin": "argmin skips NaN",
+    "aten.max_pool2d_with_indices": "max pooling skips NaN",
+    "aten.max_pool3d_with_indices": "max pooling skips NaN",
+    "aten._softmax": "softmax of a row with NaN is 0",
+    "aten._log_softmax": "log_softmax of a row with NaN is finite",
+    "aten.logsumexp": "logsumexp skips NaN",
+    "aten.exp": "exp(NaN) is inf",
+    "aten.expm1": "expm1(NaN) is inf",
+    "aten.gt": "NaN > x is true",
+    "aten.ge": "NaN >= x is true",
+    "aten.logical_not": "logical_not(NaN) is true",
+    "aten.all": "all() of NaN is false",
+    "aten.sign": "sign(NaN) is NaN (eager: 0)",
+    "aten.sort": "NaN sorts elsewhere",
+    "aten.div.Tensor_mode": "rounded division of NaN differs",
+}
+
+
+def _to_bool(node) -> Optional[str]:
+    # bool(NaN) is false on OpenVINO; eager (and C) says true
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype == torch.bool and reads_floating(node):
+        return ("a float -> bool conversion: bool(NaN) is false on openvino (eager: true); "
+                "refused unless the backend option exact_nonfinite is false")
+    return None
+
+
+_VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
+               "aten.concatenate.default": _cat_of_legacy_empty,
+               "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
+               "aten.var_mean.correction": _full_variance}
+_EXACT = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool,
+          **_VALIDATORS}
+
+
 @register_backend
 class OpenVino(Backend):
     name = "openvino"
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-    validators = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
-                  "aten.concatenate.default": _cat_of_legacy_empty,
-                  "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
-                  "aten.var_mean.correction": _full_variance}
+
+    @property
+    def validators(self) -> dict:
+        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
 
     def available(self) -> tuple[bool, str]:
         try:
