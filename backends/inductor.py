@@ -20,9 +20,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from arbiter.errors import require_known, unknown_name
-from arbiter.ops import nonfinite_nodes, nonfinite_validators
+from arbiter.ops import nonfinite_validators
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
+
+from ._nonfinite import ExactNonfinite
 
 log = logging.getLogger(__name__)
 
@@ -166,31 +168,24 @@ def _type_name(tp) -> str:
 
 #: Ops whose results differ from eager when an input holds NaN (torch 2.13 Inductor,
 #: CPU, float32; `arbiter probe inductor --dtypes float32`, 2026-11-23). Refused on
-#: floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked per call). Differences that need +-inf or huge
-#: inputs (gelu, batch and group norm, linear upsampling, remainder with inf; acosh of
-#: huge values) are reported by the probe, not refused (docs/robustness.md).
+#: floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked
+#: per call). Differences that need +-inf or huge inputs (gelu, batch and group norm,
+#: linear upsampling, remainder with inf; acosh of huge values) are reported by the
+#: probe, not refused (docs/robustness.md).
 _NONFINITE = {
     "aten.grid_sampler_2d": "grid_sample with NaN differs",
     "aten.multi_margin_loss": "multi_margin_loss with NaN differs",
 }
-_EXACT = nonfinite_validators(_NONFINITE, "inductor")
+_NONFINITE_CHECKS = nonfinite_validators(_NONFINITE, "inductor")
 
 
 @register_backend
-class Inductor(Backend):
+class Inductor(ExactNonfinite, Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
-
-    @property
-    def validators(self) -> dict:
-        """The non-finite validators while ``exact_nonfinite`` is true."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) is True else {}
-
-    def nonfinite_guard(self, gm) -> list[str]:
-        if getattr(self.options, "exact_nonfinite", True) != "guard":
-            return []
-        return nonfinite_nodes(gm, _EXACT)
+    own_validators = {}
+    nonfinite_checks = _NONFINITE_CHECKS
 
     def compile(self, gm, example_inputs):
         from torch._inductor import config as inductor_config

@@ -24,10 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from arbiter.errors import require_known
-from arbiter.ops import nonfinite_nodes, nonfinite_validators, op_name
+from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,10 @@ _VALIDATORS = {
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
-#: on floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked per call). Differences that need +-inf,
-#: -0.0 or huge inputs (gelu(inf) is inf where eager says NaN, group norm, upsampling and
-#: fft with inf, signbit(-0.0), logaddexp2 and hardswish of huge values) are reported by
-#: the probe, not refused (docs/robustness.md).
+#: on floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked
+#: per call). Differences that need +-inf, -0.0 or huge inputs (gelu(inf) is inf where
+#: eager says NaN, group norm, upsampling and fft with inf, signbit(-0.0), logaddexp2 and
+#: hardswish of huge values) are reported by the probe, not refused (docs/robustness.md).
 _NONFINITE = {
     "aten.sign": "sign(NaN) is NaN (eager: 0)",
     "aten.clamp_min.Tensor": "clamp_min(NaN, x) is x",
@@ -120,25 +121,16 @@ _NONFINITE = {
     "aten.grid_sampler_2d": "grid_sample with NaN differs",
 }
 _NONFINITE_CHECKS = nonfinite_validators(_NONFINITE, "onnxruntime")
-_EXACT = {**_NONFINITE_CHECKS, **_VALIDATORS}
 
 
 @register_backend
-class OnnxRuntime(Backend):
+class OnnxRuntime(ExactNonfinite, Backend):
     name = "onnxruntime"
     color = "#4e79a7"  # fixed in every report (arbiter/report/html.py)
     Options = OrtOptions
     install_hint = "pip install 'torch-arbiter[onnxruntime]'"
-
-    @property
-    def validators(self) -> dict:
-        """Its own validators, plus the non-finite ones while ``exact_nonfinite`` is true."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) is True else _VALIDATORS
-
-    def nonfinite_guard(self, gm) -> list[str]:
-        if getattr(self.options, "exact_nonfinite", True) != "guard":
-            return []
-        return nonfinite_nodes(gm, _NONFINITE_CHECKS)
+    own_validators = _VALIDATORS
+    nonfinite_checks = _NONFINITE_CHECKS
 
     def available(self) -> tuple[bool, str]:
         try:

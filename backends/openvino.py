@@ -32,10 +32,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from arbiter.errors import require_known
-from arbiter.ops import nonfinite_nodes, nonfinite_validators, reads_floating
+from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
+from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
 log = logging.getLogger(__name__)
@@ -200,25 +201,16 @@ _VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": 
                "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
                "aten.var_mean.correction": _full_variance}
 _NONFINITE_CHECKS = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool}
-_EXACT = {**_NONFINITE_CHECKS, **_VALIDATORS}
 
 
 @register_backend
-class OpenVino(Backend):
+class OpenVino(ExactNonfinite, Backend):
     name = "openvino"
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-
-    @property
-    def validators(self) -> dict:
-        """Its own validators, plus the non-finite ones while ``exact_nonfinite`` is true."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) is True else _VALIDATORS
-
-    def nonfinite_guard(self, gm) -> list[str]:
-        if getattr(self.options, "exact_nonfinite", True) != "guard":
-            return []
-        return nonfinite_nodes(gm, _NONFINITE_CHECKS)
+    own_validators = _VALIDATORS
+    nonfinite_checks = _NONFINITE_CHECKS
 
     def available(self) -> tuple[bool, str]:
         try:
