@@ -61,6 +61,7 @@ class PieceRecord:
     fallbacks: list[Fallback] = field(default_factory=list)
     shapes: str = "static"  # or "symbolic" (one artifact), "per shape" (run.dynamic)
     specializations: int = 0  # shapes compiled, when "per shape"
+    precision: str = ""  # the running backend's lower precision ("bf16"); "": the graph's
 
 
 def _compile_lock():
@@ -222,7 +223,10 @@ class Piece:
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
                  backends: Sequence[Backend], graph_label: str, verify: Any = None,
-                 compile_timeout_s: Optional[float] = None):
+                 compile_timeout_s: Optional[float] = None, lowered_verify: Any = None):
+        """``verify``: the config's VerifyOptions; ``lowered_verify``: the same kind of
+        settings (mode, every_n, tolerances) for a backend of the chain that runs at a
+        lower precision (``Backend.precision``; config `accuracy`), used while it runs."""
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
@@ -238,9 +242,9 @@ class Piece:
         self._label = graph_label
         self._restride = _non_contiguous_outputs(gm)
         self._specs = output_specs(gm)
-        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
-        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
-        self._tolerances = getattr(verify, "tolerances", None)
+        self._verify_cfg = verify
+        self._lowered_cfg = lowered_verify
+        self._use_verify(verify)
         self._since_compile = 0  # calls of the current backend (verify `every`)
         self._device_checks = 2  # calls left whose output devices are checked
         self._verify_pending = False  # verify `first`: the next call is checked
@@ -315,6 +319,16 @@ class Piece:
         return out
 
     # -- accuracy checks -------------------------------------------------------------
+    def _use_verify(self, verify: Any) -> None:
+        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
+        self._tolerances = getattr(verify, "tolerances", None)
+
+    @property
+    def precision(self) -> str:
+        """The precision label of the backend running now ("" for the graph's own)."""
+        return getattr(self._backends[max(self._current[0], 0)], "precision", "") or ""
+
     def _due(self) -> bool:
         if self._verify_mode == "first":
             due, self._verify_pending = self._verify_pending, False
@@ -403,7 +417,11 @@ class Piece:
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
+        lowered = bool(getattr(backend, "precision", ""))
+        self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
+                         else self._verify_cfg)
         self.record.backend = backend.name
+        self.record.precision = getattr(backend, "precision", "") or ""
         self.record.compile_s += time.perf_counter() - start
         self._current = (level, fn)
 
