@@ -57,7 +57,12 @@ class PartitionReport(BaseModel):
     copies: int = Field(0, description="tensor copies made at this partition's boundary")
     restride_copies: int = Field(0, description="outputs copied into the traced layout")
     verify_checks: int = Field(0, description="accuracy checks against eager ATen")
-    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
+    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify "
+                                              "(this partition's outputs against its eager "
+                                              "ATen on the same inputs)")
+    precision: str = Field("native", description="what it computes in: `native` (the "
+                           "graph's own dtypes) or a lower-precision variant's label "
+                           "(`bf16`; config `accuracy`, docs/precision.md)")
     measured_ms: dict[str, float] = Field(default_factory=dict,
                                           description="backend -> median ms, where measured")
     inputs: list[TensorReport] = Field(default_factory=list,
@@ -169,6 +174,21 @@ class SymbolReport(BaseModel):
     data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
 
 
+class AccuracyReport(BaseModel):
+    """Config `accuracy`: the tolerance and how the lower-precision candidates fared
+    against float32 eager on the graph's first call (docs/precision.md)."""
+
+    rtol: float
+    atol: float
+    errors: dict[str, float] = Field(default_factory=dict, description="lower-precision "
+                                     "candidate -> max abs error of the graph's outputs "
+                                     "against float32 eager on the first call")
+    rejected: dict[str, str] = Field(default_factory=dict, description="candidate -> why "
+                                     "it was refused (outside the tolerance)")
+    chosen_error: Optional[float] = Field(None, description="the chosen placement's error "
+                                          "when it runs at a lower precision")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -213,6 +233,9 @@ class GraphReport(BaseModel):
     measure_confident: Optional[bool] = Field(
         None, description="policy measure: whether the winner's timings were apart from "
                           "every other candidate's (its upper quartile below their lower)")
+    accuracy: Optional[AccuracyReport] = Field(None, description="config `accuracy`: the "
+                                               "tolerance and the lower-precision candidates' "
+                                               "errors; null without it")
     symbols: list[SymbolReport] = Field(default_factory=list,
                                         description="symbolic dimensions and their ranges")
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
