@@ -66,6 +66,12 @@ def backend_colors(reports: Sequence[Report]) -> dict[str, str]:
                 colors[b.name] = FALLBACK_COLOR
             else:
                 colors[b.name] = PALETTE[zlib.crc32(b.name.encode()) % len(PALETTE)]
+    for r in reports:  # a lower-precision variant (`openvino:bf16`) in its backend's color
+        for g in r.graphs:
+            for p in g.partitions:
+                for name in (p.backend, p.planned_backend):
+                    if name and name not in colors and name.split(":")[0] in colors:
+                        colors[name] = colors[name.split(":")[0]]
     return colors
 
 

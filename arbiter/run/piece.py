@@ -324,11 +324,6 @@ class Piece:
         self._verify_every = int(getattr(verify, "every_n", 1) or 1)
         self._tolerances = getattr(verify, "tolerances", None)
 
-    @property
-    def precision(self) -> str:
-        """The precision label of the backend running now ("" for the graph's own)."""
-        return getattr(self._backends[max(self._current[0], 0)], "precision", "") or ""
-
     def _due(self) -> bool:
         if self._verify_mode == "first":
             due, self._verify_pending = self._verify_pending, False
