@@ -263,3 +263,45 @@ def test_openvino_bf16_refused_within_a_tight_tolerance(fresh_dynamo):
     assert "priority with openvino:bf16" in g.accuracy.rejected
     assert all(p.precision == "native" for p in g.partitions)
     assert {p.backend for p in g.partitions if not p.inline} == {"openvino"}
+
+
+# -- with Inductor under bf16 autocast, against eager ----------------------------------------
+def _inductor_bf16():
+    from arbiter.registry import get_backend_class
+
+    cls = get_backend_class("inductor")
+    if "bf16" not in cls(cls.Options()).precision_variants():
+        pytest.skip("this CPU has no native bf16 (torch.ops.mkldnn._is_mkldnn_bf16_supported)")
+
+
+def test_inductor_autocast_graph_lowers_matmuls_and_keeps_output_dtypes():
+    from arbiter.backends.inductor import autocast_graph
+    from conftest import trace
+
+    x, w = torch.randn(8, 32), torch.randn(32, 16)
+    gm = trace(lambda a, b: ((a @ b).relu(), a.sum()), x, w)
+    low = autocast_graph(gm, [x, w], torch.bfloat16)
+    casts = [n for n in low.graph.nodes if n.op == "call_function"
+             and n.kwargs.get("dtype") == torch.bfloat16]
+    assert casts, low.graph  # autocast's casts are in the graph
+    got, want = low(x, w), gm(x, w)
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [torch.float32] * 2
+    err = float((got[0] - want[0]).abs().max())
+    assert 0 < err < 0.05 * float(want[0].abs().max())  # bf16: close, not equal
+    torch.testing.assert_close(got[1], want[1])  # sum is not lowered by autocast
+
+
+def test_inductor_bf16_variant_against_eager(fresh_dynamo):
+    _inductor_bf16()
+    be = arbiter.Arbiter({"backends": ["inductor"], "min_block_size": 1,
+                          "cache": {"enabled": False}, "accuracy": {"atol": 5e-2}})
+    model = _mlp(4)
+    err = _run(be, model, calls=3)
+    g = _graph(be)
+    label = "priority with inductor:bf16"
+    assert not g.accuracy.rejected and 0 < g.accuracy.errors[label] <= 5e-2
+    faster = min(("priority", label), key=lambda k: g.candidates_ms[k])
+    assert g.chosen == faster
+    parts = [p for p in g.partitions if not p.inline]
+    assert {p.precision for p in parts} == {"bf16" if faster == label else "native"}
+    assert err <= 5e-2
