@@ -16,8 +16,8 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
   (policy ``priority``); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
 * not in the default run (``--contenders``): ``openvino_bf16`` (OpenVINO alone, bf16
   hint), ``arbiter_accuracy`` and ``arbiter_measure_accuracy`` (cpu_all, priority or
-  measure, with ``accuracy: {atol: 1e-2}``: lower-precision variants within it may run,
-  docs/precision.md).
+  measure, with ``accuracy: {atol: --atol}``, 1e-2 by default: lower-precision variants
+  within it may run, docs/precision.md).
   A contender that cannot be built is reported "not available" with its error.
 
 Every contender lives in its own long-lived worker process (thread pools that one backend
@@ -48,9 +48,9 @@ CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino",
               "arbiter_cpu_all", "arbiter_default", "arbiter_measure"]
 SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 #: lower precision (docs/precision.md), not in the default run: OpenVINO alone with its
-#: bf16 hint, and cpu_all (priority, then measure) with `accuracy: {atol: 1e-2}`
+#: bf16 hint, and cpu_all (priority, then measure) with `accuracy: {atol: --atol}`
 PRECISION = ["openvino_bf16", "arbiter_accuracy", "arbiter_measure_accuracy"]
-ACCURACY = {"atol": 1e-2}
+ACCURACY_ENV = "ZOO_ACCURACY_ATOL"  # --atol, handed to the spawned workers
 MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
           "t5_small_encoder"]
 
@@ -101,7 +101,7 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
             cfg["policy"] = "measure"
             cfg["measure"] = dict(cfg.get("measure") or {}, time_budget_s=measure_budget_s)
         if kind.endswith("accuracy"):
-            cfg["accuracy"] = dict(ACCURACY)
+            cfg["accuracy"] = {"atol": float(os.environ.get(ACCURACY_ENV, "1e-2"))}
         be = arbiter.Arbiter(cfg)
         compiled = torch.compile(model, backend=be)
         fn = lambda: compiled(*args)  # noqa: E731
@@ -390,6 +390,8 @@ def main(argv=None) -> int:
                    help="seconds a contender may take to build (killed after)")
     p.add_argument("--measure-budget", type=float, default=60.0,
                    help="measure.time_budget_s of arbiter_measure")
+    p.add_argument("--atol", type=float, default=1e-2,
+                   help="accuracy.atol of the *_accuracy contenders")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--deadline-min", type=float, default=35.0,
                    help="do not start a model when the average model so far would end "
@@ -404,6 +406,7 @@ def main(argv=None) -> int:
     # Every worker is spawned with these; torch's OpenMP pool reads them at start.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ[ACCURACY_ENV] = repr(args.atol)
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")

@@ -39,12 +39,14 @@ class Planner:
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 
-    def table_for(self, backends: Sequence[Backend]) -> Any:
+    def table_for(self, backends: Sequence[Backend],
+                  pin: Optional[Mapping[str, str]] = None) -> Any:
         """A capability table over ``backends`` (the last takes everything) with this
         config's excludes, pins and unavailable backends, and the patterns their
         manifests claim (``patterns.with_patterns``)."""
         return with_patterns(CapabilityTable(backends, exclude_ops=self.exclude_ops,
-                                             pin=self.pin, unavailable=self.unavailable,
+                                             pin=self.pin if pin is None else pin,
+                                             unavailable=self.unavailable,
                                              max_specializations=self.max_specializations))
 
     def backend(self, name: str) -> Backend:
@@ -63,10 +65,14 @@ class Planner:
                                self.min_block_size)
 
     def with_variant(self, variant: Backend) -> Any:
-        """The config's table with ``variant`` in its base backend's place: the priority
-        plan, or a single-backend one, with that backend at lower precision."""
-        return self.table_for([variant if b.name == variant.base_name else b
-                               for b in self.backends.values()])
+        """The config's table with ``variant`` in its base backend's place, and the pins
+        to that backend pinned to it: the priority plan with that backend at the
+        variant's lower precision."""
+        base = variant.base_name
+        return self.table_for([variant if b.name == base else b
+                               for b in self.backends.values()],
+                              pin={op: variant.name if b == base else b
+                                   for op, b in self.pin.items()})
 
     def chain_for(self, plan: Plan, part: Partition) -> list[Backend]:
         """The planned backend, then every later backend able to run all its nodes. A
