@@ -38,11 +38,6 @@ class InductorOptions(BaseModel):
         True, description="refuse the ops whose results differ from eager when an input "
         "holds NaN (measured by `arbiter probe`: grid_sample, multi_margin_loss). false: "
         "compile them anyway")
-    autocast: Optional[Literal["bf16", "f16"]] = Field(
-        None, description="compile the partition as PyTorch's autocast would run it "
-        "(matmuls, convolutions, attention in bfloat16 or float16; outputs cast back to "
-        "their traced dtypes): faster, not eager-equal. Static shapes only. Offered as a "
-        "lower-precision variant under `accuracy:` (docs/precision.md); None: off")
     trusted_options: list[str] = Field(
         default_factory=list, description="keys of `options` you allow although they name "
         "programs, paths or flags Inductor runs or loads (one by one: only write this in a "
@@ -54,6 +49,11 @@ class InductorOptions(BaseModel):
         "`cpp.cxx`, `global_cache_dir`, `cpp.march`...) or code, and Inductor's private and "
         "testing keys, are refused unless listed in `trusted_options`: a config that sets "
         "`cpp.cxx` runs that program")
+    autocast: Optional[Literal["bf16", "f16"]] = Field(
+        None, description="compile the partition as PyTorch's autocast would run it "
+        "(matmuls, convolutions, attention in bfloat16 or float16; outputs cast back to "
+        "their traced dtypes): faster, not eager-equal. Static shapes only. Offered as a "
+        "lower-precision variant under `accuracy:` (docs/precision.md); None: off")
 
     @field_validator("trusted_options")
     @classmethod

@@ -50,6 +50,10 @@ class PartitionReport(BaseModel):
     ops: dict[str, int] = Field(description="op -> number of nodes")
     node_names: list[str]
     chain: list[str] = Field(description="backends tried in order if one fails")
+    precision: str = Field("native", description="what it computes in: `native` (the "
+                           "graph's own dtypes) or a lower-precision variant's label "
+                           "(`bf16`; config `accuracy`, docs/precision.md); its verify "
+                           "errors are its outputs against its eager ATen on the same inputs")
     fallbacks: list[FallbackReport] = Field(default_factory=list)
     compile_s: float = 0.0
     calls: int = Field(0, description="calls timed (a timed run)")
@@ -57,12 +61,7 @@ class PartitionReport(BaseModel):
     copies: int = Field(0, description="tensor copies made at this partition's boundary")
     restride_copies: int = Field(0, description="outputs copied into the traced layout")
     verify_checks: int = Field(0, description="accuracy checks against eager ATen")
-    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify "
-                                              "(this partition's outputs against its eager "
-                                              "ATen on the same inputs)")
-    precision: str = Field("native", description="what it computes in: `native` (the "
-                           "graph's own dtypes) or a lower-precision variant's label "
-                           "(`bf16`; config `accuracy`, docs/precision.md)")
+    verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
     measured_ms: dict[str, float] = Field(default_factory=dict,
                                           description="backend -> median ms, where measured")
     inputs: list[TensorReport] = Field(default_factory=list,

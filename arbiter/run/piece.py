@@ -51,6 +51,7 @@ class PieceRecord:
     planned: str
     chain: list[str]
     backend: str = ""  # what runs now ("" until compiled)
+    precision: str = ""  # the running backend's lower precision ("bf16"); "": the graph's
     compile_s: float = 0.0
     restride_copies: int = 0
     calls: int = 0  # counted only while timing is on (Piece.timed)
@@ -61,7 +62,6 @@ class PieceRecord:
     fallbacks: list[Fallback] = field(default_factory=list)
     shapes: str = "static"  # or "symbolic" (one artifact), "per shape" (run.dynamic)
     specializations: int = 0  # shapes compiled, when "per shape"
-    precision: str = ""  # the running backend's lower precision ("bf16"); "": the graph's
 
 
 def _compile_lock():
@@ -409,12 +409,12 @@ class Piece:
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
                 _evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
+        lowered = bool(getattr(backend, "precision", ""))  # a variant: its own checks
+        self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
+                         else self._verify_cfg)
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
-        lowered = bool(getattr(backend, "precision", ""))
-        self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
-                         else self._verify_cfg)
         self.record.backend = backend.name
         self.record.precision = getattr(backend, "precision", "") or ""
         self.record.compile_s += time.perf_counter() - start
