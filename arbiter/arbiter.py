@@ -262,6 +262,8 @@ class Arbiter:
                                                 for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
         cands, options = choice.candidates, self.config.measure
+        if self.config.accuracy is not None:  # the report states the tolerance
+            choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
         if self.planner.variants:
             # lower precision: inference graphs of static shapes only (docs/precision.md)
             lowered_ok = kind == "inference" and not record.symbols

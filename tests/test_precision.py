@@ -176,7 +176,10 @@ def test_training_graphs_keep_their_precision(make_backend, fresh_dynamo):
     out = torch.compile(model, backend=be)(x)
     out.sum().backward()
     torch.testing.assert_close(out, model(x))
-    parts = [p for g in be.report().graphs for p in g.partitions]
+    graphs = be.report().graphs
+    assert {g.kind for g in graphs} == {"forward", "backward"}
+    assert all(g.accuracy.atol == 5e-2 and not g.accuracy.errors for g in graphs)
+    parts = [p for g in graphs for p in g.partitions]
     assert parts and all(p.precision == "native" for p in parts)
     assert not any(p.backend and ":" in p.backend for p in parts)
 
