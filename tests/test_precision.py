@@ -308,3 +308,20 @@ def test_inductor_bf16_variant_against_eager(fresh_dynamo):
     parts = [p for p in g.partitions if not p.inline]
     assert {p.precision for p in parts} == {"bf16" if faster == label else "native"}
     assert err <= 5e-2
+
+
+def test_pins_to_a_backend_hold_for_its_variant(make_backend):
+    from conftest import trace
+
+    make_backend("plain8", OPS)
+    _lowering(make_backend, "low8")
+    be = arbiter.Arbiter({"backends": ["plain8", "low8"], "min_block_size": 1,
+                          "pin": {"aten.relu": "low8"}, "cache": {"enabled": False},
+                          "accuracy": {"atol": 5e-2}})
+    gm = trace(lambda x: (x * 2).relu() + 1, torch.randn(4, 4))
+    variant = be.planner.variants["low8:low"]
+    for table, want in ((None, "low8"), (be.planner.with_variant(variant), "low8:low")):
+        plan = be.planner.plan(gm, table)
+        where = {n.target: p.backend for p in plan.partitions for n in p.nodes}
+        assert where[torch.ops.aten.relu.default] == want
+        assert where[torch.ops.aten.mul.Tensor] == "plain8"
