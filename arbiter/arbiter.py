@@ -20,6 +20,7 @@ import platform
 import threading
 import time
 import weakref
+from types import SimpleNamespace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from .errors import ConfigError, warn_at_user_line
 from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
-from .plan.policy import get_policy
+from .plan.policy import get_policy, precision_candidates
 from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, GraphBreakReport, Report
@@ -51,6 +52,7 @@ from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
+from .run.verify import uniform_tolerances
 from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,11 @@ class Arbiter:
             max_specializations=self.config.shapes.max_specializations,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights", "manifests", "shapes"}))
+                "decompositions", "freeze_weights", "manifests", "shapes", "accuracy",
+                "policy"}))
+        self._lowered_verify = None
+        if self.config.accuracy is not None and not dry_run:
+            self._add_variants()
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
@@ -148,6 +154,31 @@ class Arbiter:
             apply_resources(self.config.resources,
                             [b for n, b in self.backends.items() if n not in self.unavailable],
                             first_backend=self.config.backends[0].name)
+
+    def _add_variants(self) -> None:
+        """Config `accuracy`: the lower-precision variants the configured backends offer
+        become candidates (``Planner.variants``), checked while they run one call in
+        ``accuracy.every_n`` with that tolerance (docs/precision.md)."""
+        acc = self.config.accuracy
+        for spec in self.config.backends:
+            backend = self.backends[spec.name]
+            if spec.name in self.unavailable or backend.inline_aten:
+                continue
+            try:
+                offered = backend.precision_variants()
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot say offers none
+                log.warning("backend %s: cannot list its lower-precision variants (%s)",
+                            spec.name, exc)
+                continue
+            for label, opts in offered.items():
+                options = type(backend).Options.model_validate({**spec.options, **opts})
+                variant = backend.variant(label, options)
+                self.planner.variants[variant.name] = variant
+        self._lowered_verify = SimpleNamespace(
+            mode="every", every_n=acc.every_n,
+            tolerances=uniform_tolerances(acc.rtol, acc.atol))
+        log.info("accuracy rtol %g, atol %g: lower-precision candidates %s", acc.rtol,
+                 acc.atol, ", ".join(self.planner.variants) or "none (no backend offers one)")
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -230,10 +261,25 @@ class Arbiter:
                     "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
                                                 for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
-        if self.policy.measures and len(choice.candidates) > 1:
-            fn = MeasuredGraph(self.planner, self.config.measure, self.cache, gm, constants,
-                               choice.candidates, record, label, lambda c: build(c.plan),
-                               lambda p, r: self._install(record, p, r))
+        cands, options = choice.candidates, self.config.measure
+        if self.config.accuracy is not None:  # the report states the tolerance
+            choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
+        if self.planner.variants:
+            # lower precision: inference graphs of static shapes only (docs/precision.md)
+            lowered_ok = kind == "inference" and not record.symbols
+            if not self.policy.measures and lowered_ok:
+                # a policy that does not time: its choice, or a lower-precision variant
+                # of priority's plan that is within the tolerance and measured faster
+                cands = precision_candidates(self.planner, gm, choice.plan,
+                                             choice.outcome.chosen)
+                options = options.model_copy(update={"refine": False})
+            elif not lowered_ok:
+                cands = [c for c in cands if not c.lowered]
+        if (self.policy.measures or self.planner.variants) and len(cands) > 1:
+            fn = MeasuredGraph(self.planner, options, self.cache, gm, constants,
+                               cands, record, label, lambda c: build(c.plan),
+                               lambda p, r: self._install(record, p, r),
+                               accuracy=self.config.accuracy)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn
@@ -305,7 +351,8 @@ class Arbiter:
                                     self.config.verify.tolerances, label)
                 record = PieceRecord(part.id, part.backend, chain_labels(chain))
                 piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
-                              compile_timeout_s=self.config.compile_timeout_s)
+                              compile_timeout_s=self.config.compile_timeout_s,
+                              lowered_verify=self._lowered_verify)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)
@@ -395,7 +442,8 @@ class Arbiter:
         tips = advise([g.plan for g in graphs], self.planner.table, self.config.min_block_size,
                       (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
         names = list(dict.fromkeys(str(g.owner) for g in graphs))
-        reports = [graph_report(g, self.backends, self.config.pin, self.config.exclude_ops)
+        every = {**self.backends, **self.planner.variants}
+        reports = [graph_report(g, every, self.config.pin, self.config.exclude_ops)
                    for g in graphs]
         return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
                       model=str(wanted) if wanted is not None else ", ".join(names) or None,

@@ -15,6 +15,7 @@ A config is YAML (or a dict, or a ``Config``)::
     freeze_weights: true       # inference graphs: weights become constants of the pieces
     refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
     shapes: {max_specializations: 8}    # symbolic shapes a backend cannot take: per shape
+    accuracy: {atol: 1.0e-2}   # lower-precision variants (bf16) within this of eager may run
 
 Unknown keys are errors; every error names the file, the key path, the line, and what
 would have been valid.
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError,
-                      field_validator)
+                      field_validator, model_validator)
 
 from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
                      did_you_mean, require_known, unknown_name)
@@ -119,6 +120,30 @@ class VerifyOptions(BaseModel):
         return v
 
 
+class AccuracyOptions(BaseModel):
+    """A stated tolerance against float32 eager: lower-precision variants within it may
+    run (docs/precision.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rtol: StrictFloat = Field(0.0, ge=0, description="relative tolerance: outputs pass "
+                              "when |got - eager| <= atol + rtol * |eager| elementwise")
+    atol: StrictFloat = Field(0.0, ge=0, description="absolute tolerance")
+    every_n: StrictInt = Field(100, ge=1, description="a partition running a "
+                               "lower-precision variant is checked against eager again one "
+                               "call in N (its first call included); out of tolerance, it "
+                               "is demoted to its backend's float32, with a warning and a "
+                               "fallback (stage `verify`) in the report")
+
+    @model_validator(mode="after")
+    def _some_tolerance(self) -> "AccuracyOptions":
+        if self.atol == 0 and self.rtol == 0:
+            raise ValueError("accuracy needs rtol or atol above 0 (with both 0 no "
+                             "lower-precision variant can pass; leave `accuracy` out for "
+                             "float32 as eager computes it)")
+        return self
+
+
 class ShapesOptions(BaseModel):
     """Symbolic (dynamic) shapes where a backend cannot take symbols (docs/design.md)."""
 
@@ -191,6 +216,12 @@ class Config(BaseModel):
                                   description="accuracy checks against eager ATen")
     resources: ResourcesOptions = Field(default_factory=ResourcesOptions,
                                         description="one thread budget and arena per process")
+    accuracy: Optional[AccuracyOptions] = Field(
+        None, description="a tolerance against float32 eager, {rtol, atol}: candidates "
+        "then include the lower-precision variants the backends offer (OpenVINO's bf16 "
+        "hint), each verified on the first call's real inputs and kept only within it; "
+        "the fastest accepted placement runs (docs/precision.md). None: every backend "
+        "computes at the graph's own precision, checked as `verify` says")
     shapes: ShapesOptions = Field(default_factory=ShapesOptions,
                                   description="symbolic shapes: compiles per concrete shape")
     compile_timeout_s: Optional[StrictFloat] = Field(

@@ -164,6 +164,32 @@ class Backend:
         """
         raise NotImplementedError
 
+    # -- lower-precision variants (docs/precision.md) --------------------------------------
+    #: set on a variant instance (``variant``): the label of its precision ("bf16"); ""
+    #: for a backend at the graph's own precision
+    precision: str = ""
+    #: set on a variant instance: the name of the backend it is a variant of
+    base_name: str = ""
+
+    def precision_variants(self) -> dict[str, dict[str, Any]]:
+        """Lower-precision option sets this backend offers on this machine: label ->
+        options overriding the config's (``{"bf16": {"precision": "bf16"}}``). A config
+        with ``accuracy:`` makes each a candidate, kept only when its outputs are within
+        that tolerance of eager (arbiter.run.measured). Default: none."""
+        return {}
+
+    def variant(self, label: str, options: BaseModel) -> "Backend":
+        """A copy of this backend with ``options`` (a lower-precision variant), named
+        ``<name>:<label>``; its manifest, validators and class are this backend's."""
+        other = type(self)(options)
+        other.name = f"{self.name}:{label}"  # shadows the class's name for this instance
+        other.precision = label
+        other.base_name = self.name
+        if "manifest" in self.__dict__:  # a config's `manifests:` entry
+            other.manifest = self.__dict__["manifest"]
+        other.artifact_cache = self.artifact_cache
+        return other
+
     # -- shared resources (arbiter/run/resources.py) --------------------------------------
     def configure_resources(self, budget: Any) -> dict[str, Any]:
         """Apply the process's ``resources.Budget`` (threads, spin owner, shared arena).

@@ -52,6 +52,11 @@ class InductorOptions(BaseModel):
         "`cpp.cxx`, `global_cache_dir`, `cpp.march`...) or code, and Inductor's private and "
         "testing keys, are refused unless listed in `trusted_options`: a config that sets "
         "`cpp.cxx` runs that program")
+    autocast: Optional[Literal["bf16", "f16"]] = Field(
+        None, description="compile the partition as PyTorch's autocast would run it "
+        "(matmuls, convolutions, attention in bfloat16 or float16; outputs cast back to "
+        "their traced dtypes): faster, not eager-equal. Static shapes only. Offered as a "
+        "lower-precision variant under `accuracy:` (docs/precision.md); None: off")
 
     @field_validator("trusted_options")
     @classmethod
@@ -193,6 +198,10 @@ class Inductor(ExactNonfinite, Backend):
 
         # symbolic: the graph's fake inputs, so the kernels take sizes as arguments
         example = input_values(gm) if graph_is_symbolic(gm) else list(example_inputs)
+        if self.options.autocast is not None:
+            if graph_is_symbolic(gm):
+                raise RuntimeError("inductor autocast takes static shapes only")
+            gm = autocast_graph(gm, example, _AUTOCAST[self.options.autocast])
         patches = dict(self.options.options)
         if self.options.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             patches.setdefault("max_autotune", True)
@@ -214,6 +223,17 @@ class Inductor(ExactNonfinite, Backend):
                          type(exc).__name__, str(exc)[:200])
         with inductor_config.patch(patches):
             return compile_fx(gm, example)
+
+    def precision_variants(self) -> dict:
+        """bf16 autocast where the CPU computes bf16 natively (oneDNN's check: AVX512-BF16
+        or AMX); none when the config sets autocast already."""
+        if self.options.autocast is not None:
+            return {}
+        try:
+            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except Exception:  # noqa: BLE001 - a torch without the check offers nothing
+            native = False
+        return {"bf16": {"autocast": "bf16"}} if native else {}
 
     _threads = None  # set by configure_resources: the budget's threads
 
@@ -244,6 +264,34 @@ class Inductor(ExactNonfinite, Backend):
             if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
                 out[op] = {"note": "runs as an ATen fallback kernel inside Inductor's code"}
         return out
+
+
+_AUTOCAST = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def autocast_graph(gm: torch.fx.GraphModule, example: list,
+                   dtype: torch.dtype) -> torch.fx.GraphModule:
+    """``gm`` retraced (make_fx, on the real inputs) under ``torch.autocast`` to
+    ``dtype``: PyTorch's own autocast policy inserts the casts around the ops it lowers
+    (mm, addmm, bmm, convolution, attention...), and every output is cast back to the
+    dtype it was traced with, so the partition's contract (output dtypes) holds."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from arbiter.ops import output_values
+
+    dtypes = [v.dtype if isinstance(v, torch.Tensor) else None
+              for v in (output_values(gm) or ())]
+    device = next((t.device.type for t in example if isinstance(t, torch.Tensor)), "cpu")
+
+    def run(*args):
+        outs = gm(*args)
+        if len(dtypes) != len(outs):  # outputs traced without metadata: left as they are
+            return tuple(outs)
+        return tuple(o.to(d) if d is not None and isinstance(o, torch.Tensor)
+                     and o.dtype != d else o for o, d in zip(outs, dtypes))
+
+    with torch.autocast(device, dtype=dtype), torch.no_grad():
+        return make_fx(run, tracing_mode="real")(*example)
 
 
 def _cacheable_context(gm: torch.fx.GraphModule):

@@ -223,6 +223,22 @@ class OpenVino(ExactNonfinite, Backend):
                            f"(has {', '.join(devices)})")
         return True, ""
 
+    def precision_variants(self) -> dict:
+        """The inference precision hints below f32 that the device computes natively
+        (``OPTIMIZATION_CAPABILITIES``: BF16 on CPUs with AVX512-BF16 or AMX, FP16 on
+        those with AMX-FP16); none when the config already lowers the precision."""
+        if self.options.precision != "f32":
+            return {}
+        try:
+            import openvino as ov
+
+            caps = set(ov.Core().get_property(self.options.device.split(":")[0],
+                                              "OPTIMIZATION_CAPABILITIES"))
+        except Exception:  # noqa: BLE001 - a device that cannot say offers nothing
+            return {}
+        return {label: {"precision": label}
+                for label, cap in (("bf16", "BF16"), ("f16", "FP16")) if cap in caps}
+
     def version(self) -> str:
         import openvino
 

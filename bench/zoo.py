@@ -14,6 +14,10 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
   float32, ``--threads`` threads, latency hint;
 * ``arbiter_cpu_all``, ``arbiter_default``: ``backend="arbiter"`` with the shipped configs
   (policy ``priority``); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
+* not in the default run (``--contenders``): ``openvino_bf16`` (OpenVINO alone, bf16
+  hint), ``arbiter_accuracy`` and ``arbiter_measure_accuracy`` (cpu_all, priority or
+  measure, with ``accuracy: {atol: --atol}``, 1e-2 by default: lower-precision variants
+  within it may run, docs/precision.md).
   A contender that cannot be built is reported "not available" with its error.
 
 Every contender lives in its own long-lived worker process (thread pools that one backend
@@ -43,6 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino",
               "arbiter_cpu_all", "arbiter_default", "arbiter_measure"]
 SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
+#: lower precision (docs/precision.md), not in the default run: OpenVINO alone with its
+#: bf16 hint, and cpu_all (priority, then measure) with `accuracy: {atol: --atol}`
+PRECISION = ["openvino_bf16", "arbiter_accuracy", "arbiter_measure_accuracy"]
+ACCURACY_ENV = "ZOO_ACCURACY_ATOL"  # --atol, handed to the spawned workers
 MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
           "t5_small_encoder"]
 
@@ -70,12 +78,13 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
         names = [i.name for i in sess.get_inputs()]
         feeds = {n: a.numpy() for n, a in zip(names, args)}
         return lambda: torch.from_numpy(sess.run(None, feeds)[0])
-    if name == "openvino":
+    if name in ("openvino", "openvino_bf16"):
         import openvino as ov
 
         ov_model = ov.convert_model(model, example_input=args)
         compiled = ov.Core().compile_model(ov_model, "CPU", {
-            "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": "bf16" if name == "openvino_bf16" else "f32",
+            "INFERENCE_NUM_THREADS": threads,
             "PERFORMANCE_HINT": "LATENCY"})
         req = compiled.create_infer_request()
         inputs = [a.numpy() for a in args]
@@ -88,15 +97,17 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
         base = "default" if kind == "default" else "cpu_all"
         cfg = load_config(base).model_dump(exclude={"source"})
         cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
-        if kind == "measure":
+        if kind in ("measure", "measure_accuracy"):
             cfg["policy"] = "measure"
             cfg["measure"] = dict(cfg.get("measure") or {}, time_budget_s=measure_budget_s)
+        if kind.endswith("accuracy"):
+            cfg["accuracy"] = {"atol": float(os.environ.get(ACCURACY_ENV, "1e-2"))}
         be = arbiter.Arbiter(cfg)
         compiled = torch.compile(model, backend=be)
         fn = lambda: compiled(*args)  # noqa: E731
         fn.report = be.report
         return fn
-    raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS)}")
+    raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS + PRECISION)}")
 
 
 def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_s: float):
@@ -130,6 +141,12 @@ def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_
             compile_s = time.perf_counter() - t0  # export/compile + the first call
             out2 = fn()
         summary = fn.report().summary() if hasattr(fn, "report") else ""
+        if hasattr(fn, "report"):  # config `accuracy`: what each lower precision measured
+            for g in fn.report().graphs:
+                if g.accuracy is not None:
+                    summary += "".join(f"; {k}: err {v:.1e}" for k, v in
+                                       g.accuracy.errors.items())
+                    summary += "".join(f"; refused {k}" for k in g.accuracy.rejected)
         conn.send(("ok", build_s, compile_s, [out1.detach().numpy().copy(),
                                               out2.detach().numpy().copy()], summary))
     except BaseException as exc:  # reported as "not available", never hidden
@@ -362,7 +379,8 @@ def other_busy_processes() -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    p.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    p.add_argument("--contenders", nargs="+", default=CONTENDERS,
+                   choices=CONTENDERS + PRECISION)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--round-s", type=float, default=1.0,
@@ -372,6 +390,8 @@ def main(argv=None) -> int:
                    help="seconds a contender may take to build (killed after)")
     p.add_argument("--measure-budget", type=float, default=60.0,
                    help="measure.time_budget_s of arbiter_measure")
+    p.add_argument("--atol", type=float, default=1e-2,
+                   help="accuracy.atol of the *_accuracy contenders")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--deadline-min", type=float, default=35.0,
                    help="do not start a model when the average model so far would end "
@@ -386,6 +406,7 @@ def main(argv=None) -> int:
     # Every worker is spawned with these; torch's OpenMP pool reads them at start.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ[ACCURACY_ENV] = repr(args.atol)
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")

@@ -51,7 +51,9 @@ class CostTable:
     source: str
 
     def of(self, backend: str) -> BackendCost:
-        return self.backends.get(backend, self.default)
+        # a lower-precision variant (`openvino:bf16`) is costed as its backend
+        return self.backends.get(backend) or self.backends.get(backend.split(":")[0],
+                                                                self.default)
 
 
 def _row(d: dict) -> BackendCost:

@@ -33,16 +33,25 @@ class Planner:
         self.min_block_size = min_block_size
         self.max_specializations = max_specializations
         self._decision_config = dict(decision_config or {})
+        #: lower-precision variants (config `accuracy`), by name (``openvino:bf16``);
+        #: not in the chain: candidates only (docs/precision.md)
+        self.variants: dict[str, Backend] = {}
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 
-    def table_for(self, backends: Sequence[Backend]) -> Any:
+    def table_for(self, backends: Sequence[Backend],
+                  pin: Optional[Mapping[str, str]] = None) -> Any:
         """A capability table over ``backends`` (the last takes everything) with this
         config's excludes, pins and unavailable backends, and the patterns their
         manifests claim (``patterns.with_patterns``)."""
         return with_patterns(CapabilityTable(backends, exclude_ops=self.exclude_ops,
-                                             pin=self.pin, unavailable=self.unavailable,
+                                             pin=self.pin if pin is None else pin,
+                                             unavailable=self.unavailable,
                                              max_specializations=self.max_specializations))
+
+    def backend(self, name: str) -> Backend:
+        """A backend of the chain or a variant, by name."""
+        return self.backends[name] if name in self.backends else self.variants[name]
 
     @property
     def inline(self) -> set[str]:
@@ -55,8 +64,25 @@ class Planner:
         return partition_graph(gm, table if table is not None else self.table,
                                self.min_block_size)
 
+    def with_variant(self, variant: Backend) -> Any:
+        """The config's table with ``variant`` in its base backend's place, and the pins
+        to that backend pinned to it: the priority plan with that backend at the
+        variant's lower precision."""
+        base = variant.base_name
+        return self.table_for([variant if b.name == base else b
+                               for b in self.backends.values()],
+                              pin={op: variant.name if b == base else b
+                                   for op, b in self.pin.items()})
+
     def chain_for(self, plan: Plan, part: Partition) -> list[Backend]:
-        """The planned backend, then every later backend able to run all its nodes."""
+        """The planned backend, then every later backend able to run all its nodes. A
+        lower-precision variant's chain is the variant, then its base backend's chain
+        (the same manifest: the base runs whatever the variant was given)."""
+        variant = self.variants.get(part.backend)
+        if variant is not None:
+            base = self.backends[variant.base_name]
+            rest = [base] + [b for b in self.backends.values() if b.inline_aten]
+            return [variant] + list(dict.fromkeys(rest))
         names = list(self.backends)
         chain = [self.backends[part.backend]]
         for name in names[names.index(part.backend) + 1:]:

@@ -51,6 +51,12 @@ class Candidate:
     also: list[str] = field(default_factory=list)  # labels of candidates equal to this one
     steer: Optional[dict] = None  # refined placements: node name -> backend (measured.py)
     eligible: bool = True  # False: a refinement step that did not beat its base enough
+    # lower-precision variants (config `accuracy`, docs/precision.md): the variant
+    # backends the plan uses; the max error of its outputs against float32 eager on the
+    # first call; why it was refused ("" if it was not)
+    lowered: tuple[str, ...] = ()
+    error: Optional[float] = None
+    rejected: str = ""
 
     @property
     def labels(self) -> list[str]:
@@ -68,6 +74,11 @@ class PolicyOutcome:
     measured_ms: dict[int, dict[str, float]] = field(default_factory=dict)  # partition -> backend -> ms
     spread_ms: dict[str, list[float]] = field(default_factory=dict)  # label -> [q1, q3] ms
     rounds: int = 0  # interleaved timing rounds of the whole-graph candidates
+    # config `accuracy`: (rtol, atol); lower-precision candidates' max errors against
+    # float32 eager on the first call, and why some were refused (label -> text)
+    tolerance: Optional[tuple[float, float]] = None
+    errors: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
     confident: Optional[bool] = None  # the winner's timings apart from every other's
 
 
@@ -92,6 +103,33 @@ def candidates(planner: Planner, gm: torch.fx.GraphModule) -> list[Candidate]:
     # excludes or pins apply to it: there is nothing else to pin to.
     alone = CapabilityTable([fallback])
     plans.append((ONLY + fallback.name, planner.plan(gm, alone)))
+    plans += variant_plans(planner, gm, only=True)
+    return _unique(planner, plans)
+
+
+def variant_plans(planner: Planner, gm: torch.fx.GraphModule,
+                  only: bool) -> list[tuple[str, Plan]]:
+    """Plans with a lower-precision variant (config `accuracy`) in its backend's place:
+    ``priority with <variant>``, and with ``only`` also ``only <variant>``."""
+    out = []
+    fallback = planner.backends[list(planner.backends)[-1]]
+    for name, variant in planner.variants.items():
+        out.append((f"{PRIORITY} with {name}", planner.plan(gm, planner.with_variant(variant))))
+        if only:
+            out.append((ONLY + name, planner.plan(gm, planner.table_for([variant, fallback]))))
+    return out
+
+
+def precision_candidates(planner: Planner, gm: torch.fx.GraphModule, plan: Plan,
+                         label: str = PRIORITY) -> list[Candidate]:
+    """A policy that does not measure, under `accuracy`: its ``plan`` and the priority
+    plan with each lower-precision variant in its backend's place, to be verified and
+    timed on the first call (docs/precision.md)."""
+    return _unique(planner, [(label or PRIORITY, plan)] + variant_plans(planner, gm, False))
+
+
+def _unique(planner: Planner, plans: list[tuple[str, Plan]]) -> list[Candidate]:
+    """Candidates of ``plans``, equal plans kept once (later labels go to ``also``)."""
     out: list[Candidate] = []
     seen: dict = {}
     for label, plan in plans:
@@ -99,7 +137,9 @@ def candidates(planner: Planner, gm: torch.fx.GraphModule) -> list[Candidate]:
         if key in seen:
             seen[key].also.append(label)
             continue
-        seen[key] = Candidate(label, plan, plan_ms(plan, planner.inline))
+        lowered = tuple(sorted({p.backend for p in plan.partitions}
+                               & set(planner.variants)))
+        seen[key] = Candidate(label, plan, plan_ms(plan, planner.inline), lowered=lowered)
         out.append(seen[key])
     return out
 
@@ -178,7 +218,9 @@ class Cost(Policy):
     name = "cost"
 
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
-        cands = candidates(planner, gm)
+        # lower-precision variants are never chosen unmeasured: they are timed and
+        # verified beside this choice (precision_candidates, docs/precision.md)
+        cands = [c for c in candidates(planner, gm) if not c.lowered]
         picked = choose_by_cost(cands)
         outcome = _outcome(self.name, cands)
         outcome.chosen = picked.label

@@ -20,7 +20,7 @@ from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from ..shapes import REASON as SHAPES_REASON, about_shapes
-from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
+from .model import (AccuracyReport, FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
                     PatternReport, RefusalReport, RuleReport, SymbolReport, TensorReport,
                     WeightEventReport)
 
@@ -280,7 +280,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
             constant_bytes=sum(t.bytes or 0 for t in inputs if t.source == "constant"),
             bytes_out=sum(t.bytes or 0 for t in outputs),
             inline=backends[p.backend].inline_aten if p.backend in backends else False,
-            shapes=_shapes(rec, backends), specializations=rec.specializations))
+            shapes=_shapes(rec, backends), specializations=rec.specializations,
+            precision=rec.precision or "native"))
     refusals: Counter = Counter()
     for node, sup in g.plan.support.items():
         if is_getitem(node):
@@ -322,7 +323,19 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         symbols=[SymbolReport(name=r.name, min=r.min, max=r.max, sources=list(r.sources),
                               data_dependent=r.data_dependent) for r in g.symbols.values()],
         frame=g.frame[0] if g.frame else None, recompile=g.frame[1] if g.frame else 0,
-        shape_eager_share=round(share, 4), warnings=warnings)
+        shape_eager_share=round(share, 4), warnings=warnings,
+        accuracy=_accuracy(o))
+
+
+def _accuracy(o) -> Optional[AccuracyReport]:
+    """Config `accuracy`: the tolerance and the lower-precision candidates' errors."""
+    if o.tolerance is None:
+        return None
+    chosen = o.errors.get(o.chosen)
+    return AccuracyReport(rtol=o.tolerance[0], atol=o.tolerance[1],
+                          errors={k: float(v) for k, v in o.errors.items()},
+                          rejected=dict(o.rejected),
+                          chosen_error=float(chosen) if chosen is not None else None)
 
 
 def _shapes(rec, backends: Mapping[str, Backend]) -> str:

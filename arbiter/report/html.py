@@ -66,6 +66,12 @@ def backend_colors(reports: Sequence[Report]) -> dict[str, str]:
                 colors[b.name] = FALLBACK_COLOR
             else:
                 colors[b.name] = PALETTE[zlib.crc32(b.name.encode()) % len(PALETTE)]
+    for r in reports:  # a lower-precision variant (`openvino:bf16`) in its backend's color
+        for g in r.graphs:
+            for p in g.partitions:
+                for name in (p.backend, p.planned_backend):
+                    if name and name not in colors and name.split(":")[0] in colors:
+                        colors[name] = colors[name.split(":")[0]]
     return colors
 
 
@@ -201,6 +207,17 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
                                 for k, v in g.candidates_ms.items()) or "-") +
                    "; estimated: " + _e(", ".join(f"{k} {v:.3f} ms" for k, v in
                                                   g.estimates_ms.items()) or "-") + "</p>")
+    if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
+        a = g.accuracy
+        lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
+        out.append("<p>" + _e(
+            f"accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
+            + (f"partitions {', '.join(lowered)}" if lowered
+               else "all at the graph's own precision")
+            + (f" (max error {a.chosen_error:.2e} against float32 eager)"
+               if a.chosen_error is not None else "")
+            + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
+            + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items())) + "</p>")
     for rule in g.rules:
         if rule.applied < rule.nodes or not rule.nodes:
             what = f"pin {rule.op} -> {rule.backend}" if rule.kind == "pin" else \

@@ -50,6 +50,10 @@ class PartitionReport(BaseModel):
     ops: dict[str, int] = Field(description="op -> number of nodes")
     node_names: list[str]
     chain: list[str] = Field(description="backends tried in order if one fails")
+    precision: str = Field("native", description="what it computes in: `native` (the "
+                           "graph's own dtypes) or a lower-precision variant's label "
+                           "(`bf16`; config `accuracy`, docs/precision.md); its verify "
+                           "errors are its outputs against its eager ATen on the same inputs")
     fallbacks: list[FallbackReport] = Field(default_factory=list)
     compile_s: float = 0.0
     calls: int = Field(0, description="calls timed (a timed run)")
@@ -174,6 +178,21 @@ class SymbolReport(BaseModel):
     data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
 
 
+class AccuracyReport(BaseModel):
+    """Config `accuracy`: the tolerance and how the lower-precision candidates fared
+    against float32 eager on the graph's first call (docs/precision.md)."""
+
+    rtol: float
+    atol: float
+    errors: dict[str, float] = Field(default_factory=dict, description="lower-precision "
+                                     "candidate -> max abs error of the graph's outputs "
+                                     "against float32 eager on the first call")
+    rejected: dict[str, str] = Field(default_factory=dict, description="candidate -> why "
+                                     "it was refused (outside the tolerance)")
+    chosen_error: Optional[float] = Field(None, description="the chosen placement's error "
+                                          "when it runs at a lower precision")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -218,6 +237,9 @@ class GraphReport(BaseModel):
     measure_confident: Optional[bool] = Field(
         None, description="policy measure: whether the winner's timings were apart from "
                           "every other candidate's (its upper quartile below their lower)")
+    accuracy: Optional[AccuracyReport] = Field(None, description="config `accuracy`: the "
+                                               "tolerance and the lower-precision candidates' "
+                                               "errors; null without it")
     symbols: list[SymbolReport] = Field(default_factory=list,
                                         description="symbolic dimensions and their ranges")
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")

@@ -105,6 +105,16 @@ def _graph_tables(report: Report, g: GraphReport):
         yield _e(f"  policy {g.policy}: chose {g.chosen or '-'}" +
                  (f"; measured: {cands}" if cands else "") +
                  (f"; estimated: {est}" if est else ""))
+    if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
+        a = g.accuracy
+        lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
+        yield _e(f"  accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
+                 + (f"partitions {', '.join(lowered)}" if lowered
+               else "all at the graph's own precision")
+                 + (f" (max error {a.chosen_error:.2e} against float32 eager)"
+                    if a.chosen_error is not None else "")
+                 + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
+                 + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items()))
     for p in g.partitions:
         notes = []
         if p.copies or p.restride_copies:

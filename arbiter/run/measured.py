@@ -68,10 +68,13 @@ class MeasuredGraph:
                  gm: torch.fx.GraphModule, constants: dict, cands: list[Candidate],
                  record: GraphRecord, label: str,
                  build: Callable[[Candidate], tuple[Callable, dict]],
-                 install: Callable[[Plan, dict[int, PieceRecord]], None]):
+                 install: Callable[[Plan, dict[int, PieceRecord]], None],
+                 accuracy: Any = None):
         """``options``: the config's ``measure`` options; ``build(candidate)`` -> (its
         stitched callable, partition id -> piece record), sharing pieces between
-        candidates; ``install(plan, records)`` puts the chosen plan on the graph's record."""
+        candidates; ``install(plan, records)`` puts the chosen plan on the graph's record;
+        ``accuracy``: the config's tolerance (rtol, atol) for lower-precision candidates
+        (``Candidate.lowered``), which are run first against eager (``_accept``)."""
         self._planner = planner
         self._opts = options
         self._cache = cache
@@ -91,6 +94,9 @@ class MeasuredGraph:
         self._samples: dict[str, list[float]] = {}  # label -> ms per call, per sample
         self._rounds_done = 0
         self._confident: Optional[bool] = None
+        self._tolerance = None if accuracy is None else (float(accuracy.rtol),
+                                                         float(accuracy.atol))
+        self._reference: Optional[list] = None  # float32 eager's outputs on the first call
         self.__name__ = f"measured_{label}"
 
     def __call__(self, *args: Any) -> Any:
@@ -120,6 +126,14 @@ class MeasuredGraph:
                 refined = Candidate(hit["label"], self._steered_plan(steer), 0.0, steer=steer)
                 self.candidates.append(refined)
                 by_label[refined.label] = refined
+            if isinstance(hit, dict) and hit.get("label") in by_label \
+                    and by_label[hit["label"]].lowered \
+                    and not self._accept(by_label[hit["label"]], args):
+                # a lower precision is never taken on trust: this call's inputs decide
+                log.warning("%s: cached decision %r is not within the accuracy tolerance "
+                            "on these inputs (%s); measuring again", self._label,
+                            hit["label"], by_label[hit["label"]].rejected)
+                hit = None
             if isinstance(hit, dict) and hit.get("label") in by_label:
                 for c in self.candidates:
                     ms = (hit.get("measured_ms") or {}).get(c.label)
@@ -160,6 +174,7 @@ class MeasuredGraph:
                 self._refine(args, start, per_part)
         log.info("%s: measured %s", self._label, ", ".join(
             f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
+            else f"{c.label} (refused: outside the accuracy tolerance)" if c.rejected
             else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
         return per_part
 
@@ -184,6 +199,8 @@ class MeasuredGraph:
                 break
             self._progress(f"{self._label}: compiling candidate {k + 1}/{len(order)} "
                            f"({cand.label}), {elapsed:.1f} s", elapsed)
+            if cand.lowered and not self._accept(cand, args):
+                continue  # outside the tolerance: never timed, never chosen
             self._prepare(cand, args)
             ready.append(cand)
         self._rounds(ready, args, start, per_part, confident_stop=True)
@@ -261,6 +278,57 @@ class MeasuredGraph:
         best_hi = stats[0][1][1]
         return all(best_hi < lo for _, (lo, _) in stats[1:])
 
+    # -- lower precision (config `accuracy`, docs/precision.md) ---------------------
+    def _accept(self, cand: Candidate, args: Sequence[Any]) -> bool:
+        """Whether a lower-precision candidate is within the tolerance on these (the
+        first call's real) inputs: its first call (which compiles; each lowered piece
+        checks its own outputs against its eager ATen then, with the same tolerance, and
+        demotes itself if out of it) and then its outputs against the whole graph in
+        float32 eager. Records ``cand.error``; a refusal sets ``cand.rejected`` and makes
+        it ineligible."""
+        if cand.error is not None or cand.rejected:
+            return not cand.rejected
+        from .verify import compare, uniform_tolerances
+
+        rtol, atol = self._tolerance if self._tolerance is not None else (0.0, 0.0)
+        mutating = any(is_mutating(n) for n in self._gm.graph.nodes)
+
+        def inputs() -> list:
+            return [a.clone() if mutating and isinstance(a, torch.Tensor) else a
+                    for a in args]
+
+        with torch.random.fork_rng(devices=[]):
+            state = torch.get_rng_state()
+            if self._reference is None:
+                with torch.no_grad():
+                    self._reference = list(self._gm(*inputs()))
+            torch.set_rng_state(state)  # random ops draw what the reference drew
+            fn, _ = self._build(cand)
+            try:
+                got = list(fn(*inputs()))
+            except Exception as exc:  # noqa: BLE001 - pieces fall back; this is the rest
+                got, why = None, f"failed: {type(exc).__name__}: {exc}"
+        demoted = [p for p in _pieces(fn) if p.record.planned in cand.lowered
+                   and p.record.backend != p.record.planned]
+        if got is None:
+            pass
+        elif demoted:
+            rec = demoted[0].record
+            why = (f"partition {rec.partition_id} on {rec.planned} "
+                   + (rec.fallbacks[-1].reason if rec.fallbacks else "was not compiled"))
+        else:
+            cmp = compare(self._reference, got, uniform_tolerances(rtol, atol))
+            cand.error = cmp.max_error
+            why = "" if cmp.ok else f"outputs differ from float32 eager: {cmp.detail}"
+        if why:
+            cand.rejected, cand.eligible = why, False
+            log.info("%s: %s refused (rtol %g, atol %g): %s", self._label, cand.label,
+                     rtol, atol, why)
+            return False
+        log.info("%s: %s within the tolerance (rtol %g, atol %g): max error %.3g against "
+                 "float32 eager", self._label, cand.label, rtol, atol, cand.error)
+        return True
+
     # -- refinement (Collage-style) ------------------------------------------------
     def _steered_plan(self, prefer: dict) -> Plan:
         """A plan where each named node goes to the backend ``prefer`` names, where it
@@ -277,8 +345,8 @@ class MeasuredGraph:
         more than REFINE_MARGIN twice (``_beats``; timings here are noisy); stop when the
         budget is spent."""
         opts = self._opts
-        best = self._pick()
-        if best.measured_ms is None:
+        best = self._pick(lowered=False)  # refined from the best float32 placement
+        if best is None or best.measured_ms is None:
             return
         support = self.candidates[0].plan.support
         prefer = {n.name: p.backend for p in best.plan.partitions for n in p.nodes}
@@ -347,9 +415,15 @@ class MeasuredGraph:
         self._prepare(cand, args)
         self._rounds([cand], args, start, per_part, confident_stop=False)
 
-    def _pick(self) -> Candidate:
+    def _pick(self, lowered: bool = True) -> Optional[Candidate]:
+        """The fastest eligible candidate, measured or else estimated (a lower-precision
+        one only when measured: it was accepted then); ``lowered=False``: at the graph's
+        own precision only."""
         measured = [c for c in self.candidates if c.measured_ms is not None]
-        pool = [c for c in self.candidates if c.eligible]
+        pool = [c for c in self.candidates if c.eligible and not c.rejected
+                and (not c.lowered or (lowered and c.measured_ms is not None))]
+        if not pool:
+            return None
         ratios = [c.measured_ms / c.estimate_ms for c in measured if c.estimate_ms > 0]
         scale = statistics.median(ratios) if ratios else 1.0
 
@@ -379,6 +453,11 @@ class MeasuredGraph:
                              for label in c.labels}
         outcome.rounds = self._rounds_done
         outcome.confident = self._confident
+        if self._tolerance is not None:
+            outcome.tolerance = self._tolerance
+            outcome.errors = {c.label: c.error for c in self.candidates
+                              if c.lowered and c.error is not None}
+            outcome.rejected = {c.label: c.rejected for c in self.candidates if c.rejected}
         outcome.chosen = chosen.label
         self._install_plan(plan, records)
         self.chosen = chosen

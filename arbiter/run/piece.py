@@ -51,6 +51,7 @@ class PieceRecord:
     planned: str
     chain: list[str]
     backend: str = ""  # what runs now ("" until compiled)
+    precision: str = ""  # the running backend's lower precision ("bf16"); "": the graph's
     compile_s: float = 0.0
     restride_copies: int = 0
     calls: int = 0  # counted only while timing is on (Piece.timed)
@@ -239,7 +240,10 @@ class Piece:
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
                  backends: Sequence[Backend], graph_label: str, verify: Any = None,
-                 compile_timeout_s: Optional[float] = None):
+                 compile_timeout_s: Optional[float] = None, lowered_verify: Any = None):
+        """``verify``: the config's VerifyOptions; ``lowered_verify``: the same kind of
+        settings (mode, every_n, tolerances) for a backend of the chain that runs at a
+        lower precision (``Backend.precision``; config `accuracy`), used while it runs."""
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
@@ -255,9 +259,9 @@ class Piece:
         self._label = graph_label
         self._restride = _non_contiguous_outputs(gm)
         self._specs = output_specs(gm)
-        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
-        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
-        self._tolerances = getattr(verify, "tolerances", None)
+        self._verify_cfg = verify
+        self._lowered_cfg = lowered_verify
+        self._use_verify(verify)
         self._since_compile = 0  # calls of the current backend (verify `every`)
         self._device_checks = 2  # calls left whose output devices are checked
         self._verify_pending = False  # verify `first`: the next call is checked
@@ -351,6 +355,11 @@ class Piece:
         return out
 
     # -- accuracy checks -------------------------------------------------------------
+    def _use_verify(self, verify: Any) -> None:
+        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
+        self._tolerances = getattr(verify, "tolerances", None)
+
     def _due(self) -> bool:
         if self._verify_mode == "first":
             due, self._verify_pending = self._verify_pending, False
@@ -436,6 +445,9 @@ class Piece:
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
                 _evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
+        lowered = bool(getattr(backend, "precision", ""))  # a variant: its own checks
+        self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
+                         else self._verify_cfg)
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
@@ -444,6 +456,7 @@ class Piece:
             self._guarded[level] = guard
         self.record.nonfinite_ops = list(guard)
         self.record.backend = backend.name
+        self.record.precision = getattr(backend, "precision", "") or ""
         self.record.compile_s += time.perf_counter() - start
         self._current = (level, fn)
 

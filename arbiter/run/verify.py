@@ -39,6 +39,12 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
+def uniform_tolerances(rtol: float, atol: float) -> dict[str, tuple[float, float]]:
+    """The same (rtol, atol) for every floating dtype (config `accuracy`): overrides for
+    ``compare``; integers and bools stay exact."""
+    return {name: (float(rtol), float(atol)) for name in DEFAULT_TOLERANCES}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
