@@ -132,11 +132,9 @@ class Arbiter:
         # when weights are re-frozen are freed with their sessions and weights
         self._pieces: weakref.WeakSet[Piece] = weakref.WeakSet()
         self._timed = False
-        names = list(self.config.decompositions)
-        for name, backend in self.backends.items():
-            if name not in self.unavailable:
-                names += [d for d in backend.manifest().decompositions if d not in names]
-        self._decompositions = decomposition_table(names)
+        # The config's decompositions apply to the whole graph, when it is lowered; a
+        # backend's (its manifest's) only to the nodes it takes (arbiter/decompose.py).
+        self._decompositions = decomposition_table(self.config.decompositions)
         self._decomposed = sorted({op_name(k) for k in self._decompositions})
         self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
         self._warned: set = set()

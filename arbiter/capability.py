@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
+from .decompose import NotDecomposable, for_names
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
 from .registry import Backend
@@ -185,9 +186,12 @@ class CapabilityTable:
         if hit is None:
             # an entry with wrong outputs depends on the node's users, like a validator
             pk = packet_name(name)
+            # so is one a backend decomposes (its decomposition depends on shapes and
+            # argument values)
             hit = self._validated[name] = any(
                 name in b.validators or pk in b.validators
                 or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
+                or name in b.manifest().decompositions or pk in b.manifest().decompositions
                 for b in self.backends)
         return hit
 
@@ -218,7 +222,12 @@ class CapabilityTable:
         return NodeSupport(tuple(candidates), refusals)
 
     @staticmethod
-    def _refuse(backend: Backend, node: torch.fx.Node, name: str, descs: tuple) -> Optional[str]:
+    def _refuse(backend: Backend, node: torch.fx.Node, name: str, descs: tuple,
+                decompose: bool = True) -> Optional[str]:
+        if decompose and backend.manifest().decompositions:
+            decomps = for_names(backend.manifest().decompositions)
+            if decomps.applies(node):
+                return _refuse_decomposed(backend, decomps, node, name)
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest"
@@ -244,6 +253,37 @@ class CapabilityTable:
         if check is not None:
             return check(node)
         return None
+
+
+def _refuse_decomposed(backend: Backend, decomps, node: torch.fx.Node,
+                       name: str) -> Optional[str]:
+    """Why ``backend`` refuses ``node``, an op its manifest wants decomposed
+    (arbiter/decompose.py): the decomposition cannot be traced, or one of its nodes is
+    refused (checked as it is: not decomposed again). None: it takes the node."""
+    try:
+        sub = decomps.trace(node)
+    except NotDecomposable as exc:
+        return f"{name} is decomposed for {backend.name}, but {exc}"
+    out = next(m for m in reversed(sub.graph.nodes) if m.op == "output")
+    if isinstance(out.args[0], (tuple, list)) and any(not is_getitem(u) for u in node.users):
+        return f"{name} is decomposed for {backend.name}, but its tuple is read whole"
+    memo: dict = {}
+    for m in sub.graph.nodes:
+        if m.op != "call_function" or is_getitem(m):
+            continue
+        kind = CapabilityTable._kind(m)
+        if kind is _PER_NODE:
+            kind = (None, RANDOM) if is_random(m) else _COMPUTE
+        if kind is _COMPUTE and not produces_tensor(m):
+            kind = (None, SCALAR)
+        if kind is not _COMPUTE:
+            return f"{name} is decomposed for {backend.name} into {op_name(m.target)}, which {kind[1]}"
+        sub_name = op_name(m.target)
+        why = CapabilityTable._refuse(backend, m, sub_name, tensor_descs(m, memo),
+                                      decompose=False)
+        if why is not None:
+            return f"{name} is decomposed for {backend.name}; {sub_name} there: {why}"
+    return None
 
 
 def used_outputs(node: torch.fx.Node) -> set[int]:

@@ -190,7 +190,10 @@ class Config(BaseModel):
                                           "(`aten._softmax`, not `aten.softmax`)")
     decompositions: list[str] = Field(
         default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
-                                          "before partitioning, on top of the backends' own")
+                                          "in the whole graph before partitioning, for "
+                                          "every backend (a backend's manifest "
+                                          "`decompositions:` applies only to the nodes it "
+                                          "takes)")
     manifests: dict[str, str] = Field(
         default_factory=dict, description="backend -> a capability manifest file to use "
                                           "instead of the shipped one (`arbiter probe "
@@ -301,11 +304,13 @@ def _no_decomposition(op: str) -> str:
     import torch
     from torch._decomp import decomposition_table
 
+    from .decompose import extra
+
     ns, base, *rest = op.split(".")
     packet = getattr(getattr(torch.ops, ns), base)
     target = getattr(packet, rest[0]) if rest else packet
     names = set()
-    for o in decomposition_table:
+    for o in [*decomposition_table, *extra()]:
         if not isinstance(o, torch._ops.OpOverload):
             continue
         if o == target or o.overloadpacket == target:

@@ -8,6 +8,11 @@ the ops whose samples alone failed in every dtype they allowed
 --build-only (TensorRT without CUDA): each sample is converted and built, not run; what
 passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.
 
+--grad: each sample's backward graph is probed instead (the `*_backward` ops a training
+step's backward partitions hold, with the forward's saved tensors); ops the manifest's
+`decompositions:` names are decomposed for the backend, as in a partition, and the
+summary says which of them passed.
+
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.
 """
@@ -35,6 +40,10 @@ def add_arguments(parser) -> None:
                         help="build each sample with the backend and do not run it (a "
                              "backend that builds where it cannot run: tensorrt); passes "
                              "are written `verified: built`")
+    parser.add_argument("--grad", action="store_true",
+                        help="probe each sample's backward graph (what AOTAutograd hands "
+                             "arbiter for a training step: *_backward ops, saved tensors) "
+                             "instead of its forward")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
 
@@ -64,7 +73,7 @@ def run(args) -> int:
     except ValueError as exc:
         raise ArbiterError(f"--dtypes: {exc}") from None
     result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
-                   progress=stderr_progress(), build_only=args.build_only)
+                   progress=stderr_progress(), build_only=args.build_only, grad=args.grad)
     print(result.summary())
     for line in summarize_failures(result.samples):
         print("  failed:", line)

@@ -84,6 +84,10 @@ def _conditions(backend: Backend, op: str) -> str:
         entry = backend.manifest().entry(op)
     except Exception:  # noqa: BLE001 - a broken manifest is reported as such, not raised
         return "manifest could not be read"
+    decomposed = backend.manifest().decompositions
+    if op in decomposed or op.rsplit(".", 1)[0] in decomposed:
+        return ("decomposed for it (arbiter/decompose.py): taken where it takes every op "
+                "of the decomposition")
     if entry is None:
         return "not in manifest"
     dtypes = ",".join(sorted(str(d).removeprefix("torch.") for d in entry.dtypes))

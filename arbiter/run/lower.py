@@ -3,7 +3,8 @@
 ``aot_module_simplified`` traces forward and backward (or a single inference graph when
 no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
 node, and calls our compiler once per graph. Decompositions are PyTorch's own table
-(``torch._decomp``), restricted to the ops the config and the backends' manifests ask for.
+(``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
+backend's manifest list applies only to the nodes it takes: arbiter/decompose.py).
 
 Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
 metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and
@@ -28,14 +29,9 @@ GraphCompiler = Callable[[torch.fx.GraphModule, str, dict], Callable]
 
 
 def decomposition_table(names: Sequence[str]) -> dict:
-    from torch._decomp import get_decompositions
+    from ..decompose import table
 
-    ops = []
-    for name in names:
-        ns, base, *rest = name.split(".")
-        packet = getattr(getattr(torch.ops, ns), base)
-        ops.append(getattr(packet, rest[0]) if rest else packet)
-    return get_decompositions(ops)
+    return table(names)
 
 
 def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:

@@ -23,6 +23,7 @@ import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..cache import served
+from ..decompose import for_backend
 from ..errors import describe
 from ..ops import output_values
 from ..registry import Backend
@@ -241,7 +242,8 @@ class Piece:
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes(), served() as loaded:
-                    self._fn = backend.compile(self.gm, list(args))
+                    # the nodes its manifest wants decomposed, decomposed for it alone
+                    self._fn = backend.compile(for_backend(self.gm, backend), list(args))
                 self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
