@@ -39,8 +39,10 @@ from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
-from .report.build import graph_report
+from .report.build import SHAPE_EAGER_WARN, graph_report, shape_eager_share
+from .run.dynamic import chain_labels, shape_chain
 from .run.freeze import FrozenGraph, placeholder_positions
+from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
 from .run.measured import MeasuredGraph
 from .run.piece import Piece, PieceRecord
@@ -49,6 +51,7 @@ from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
+from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +124,10 @@ class Arbiter:
         self.planner = Planner(
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
+            max_specializations=self.config.shapes.max_specializations,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights", "manifests"}))
+                "decompositions", "freeze_weights", "manifests", "shapes"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
@@ -164,9 +168,12 @@ class Arbiter:
             # the backward graph compiles later, at the first backward: owner kept here
             return self._compile_graph(graph, kind, constants, owner=owner)
 
-        return lower(gm, example_inputs, compile_graph,
-                     decompositions=self._decompositions,
-                     freeze_weights=self.config.freeze_weights)
+        # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
+        # threads running compiled graphs meanwhile (run/isolation.py)
+        with tracing_in_this_thread():
+            return lower(gm, example_inputs, compile_graph,
+                         decompositions=self._decompositions,
+                         freeze_weights=self.config.freeze_weights)
 
     def plan(self, gm: torch.fx.GraphModule) -> Plan:
         """The priority plan for an ATen FX graph (nodes need ``meta["val"]``)."""
@@ -196,7 +203,8 @@ class Arbiter:
 
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
-                             frozenset(constants), owner=owner)
+                             frozenset(constants), owner=owner,
+                             symbols=symbols(input_values(gm)), frame=_compile_id())
         with self._lock:
             self._graphs.append(record)
         self._check_rules(gm, kind, label)
@@ -208,6 +216,17 @@ class Arbiter:
                  choice.outcome.policy,
                  0 if self.dry_run else sum(p.backend not in self.planner.inline
                                             for p in plan.partitions))
+        if record.frame and record.frame[1] >= 2 and not record.symbols:
+            log.warning("%s: Dynamo compiled this frame %d times (static shapes each time); "
+                        "past torch._dynamo.config.recompile_limit it runs the frame in "
+                        "eager without arbiter. torch.compile(dynamic=None or True) lets one "
+                        "symbolic graph serve every size", label, record.frame[1] + 1)
+        if record.symbols:
+            share = shape_eager_share(record, self.backends)
+            log.log(logging.WARNING if share > SHAPE_EAGER_WARN else logging.INFO,
+                    "%s: symbolic shapes %s; %.0f%% of its compute planned in eager because "
+                    "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
+                                                for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
         if self.policy.measures and len(choice.candidates) > 1:
             fn = MeasuredGraph(self.planner, self.config.measure, self.cache, gm, constants,
@@ -276,9 +295,15 @@ class Arbiter:
             names = tuple(n.name for n in part.nodes)
             key = (tuple(b.name for b in chain), names)
             if key not in pieces:
-                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
                 sub = extract(plan, part, constants)
-                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify)
+                # symbolic shapes: views of the chain's backends (run/dynamic.py)
+                per_shape = {b for n in part.nodes for b in plan.support[n].per_shape}
+                chain = shape_chain(chain, sub.gm, per_shape,
+                                    self.config.shapes.max_specializations,
+                                    self.config.verify.tolerances, label)
+                record = PieceRecord(part.id, part.backend, chain_labels(chain))
+                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
+                              compile_timeout_s=self.config.compile_timeout_s)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)
@@ -378,3 +403,15 @@ class Arbiter:
                       graphs=reports,
                       resources={} if self.dry_run else resources_in_force())
 
+
+def _compile_id():
+    """(frame id, compile index of that frame) of the Dynamo compile under way, or None."""
+    try:
+        from torch._guards import CompileContext
+
+        cid = CompileContext.current_compile_id()
+    except Exception:  # noqa: BLE001 - not under Dynamo, or another torch
+        return None
+    if cid is None or getattr(cid, "frame_id", None) is None:
+        return None
+    return (int(cid.frame_id), int(cid.frame_compile_id or 0))

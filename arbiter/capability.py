@@ -5,6 +5,15 @@ the node's metadata (dtype, device, rank, symbolic shapes of every tensor it rea
 writes, from the FakeTensors in ``node.meta["val"]``), then the backend's validator for
 that op if it has one. Every refusal keeps its reason for the report.
 
+Symbolic shapes (a graph Dynamo traced with dynamic shapes): a node that reads or writes
+a tensor of symbolic size, or reads a symbolic int, may go to a backend whose manifest
+entry for its op says ``dynamic: true`` (probed: ``arbiter probe --dynamic``); one
+artifact then serves every size. An entry without it still takes the node, compiled
+per concrete shape (``NodeSupport.per_shape``; the config's
+``shapes.max_specializations`` bounds how many), unless that is off, then it refuses.
+Backends that take the node with symbols come first among its candidates, in config
+order, then those that would compile it per shape, then the fallback.
+
 Results are cached per node *signature* (op + tensor descriptors), which keeps the check
 linear and cheap on graphs of 100,000 nodes. When a whole graph is checked
 (``support_all``), each node's output descriptors are computed once and reused by every
@@ -23,12 +32,14 @@ from .decompose import NotDecomposable, for_names
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
 from .registry import Backend
+from .shapes import REASON as SHAPES_REASON
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+NO_OUTPUT = "returns nothing (a runtime assert on sizes: runs in place)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 _PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
 
@@ -37,13 +48,18 @@ class TensorDesc(NamedTuple):
     """What the manifests constrain about one tensor. (A NamedTuple: hashed and compared
     in C, as it is part of every cache key.)"""
 
-    dtype: torch.dtype
+    dtype: Optional[torch.dtype]
     device: str
     rank: int
     symbolic: bool
 
 
 _new_tuple = tuple.__new__  # TensorDesc(...) without NamedTuple's Python-level __new__
+
+#: A symbolic int a node reads (a size Dynamo traced as a symbol): not a tensor, so no
+#: dtype or device, but it makes the node symbolic.
+SYMBOLIC_SCALAR = TensorDesc(None, "", 0, True)
+_SYM_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _desc(t: Any) -> Optional[TensorDesc]:
@@ -59,9 +75,12 @@ def _desc(t: Any) -> Optional[TensorDesc]:
 
 
 def value_descs(value: Any) -> tuple:
-    """Descriptors of the tensors in one ``meta["val"]`` (a tensor, or nested lists of)."""
+    """Descriptors of the tensors in one ``meta["val"]`` (a tensor, or nested lists of);
+    ``SYMBOLIC_SCALAR`` for a symbolic int."""
     if isinstance(value, torch.Tensor):
         return (_desc(value),)
+    if isinstance(value, _SYM_SCALARS):
+        return (SYMBOLIC_SCALAR,)
     return tuple(map(_desc, tensors_in(value)))
 
 
@@ -95,15 +114,19 @@ class NodeSupport:
     #: the backend a config `pin` gives this node (it is able, and first): the
     #: partitioner never moves it off for `min_block_size`
     pinned: str = ""
+    #: candidates that take this symbolic node only compiled per concrete shape, and why
+    per_shape: dict[str, str] = field(default_factory=dict)
 
 
 class CapabilityTable:
     """Answers `which backends can run this node` for one config's backends."""
 
     def __init__(self, backends: Sequence[Backend], *, exclude_ops: Sequence[str] = (),
-                 pin: Optional[dict[str, str]] = None, unavailable: Optional[dict[str, str]] = None):
+                 pin: Optional[dict[str, str]] = None, unavailable: Optional[dict[str, str]] = None,
+                 max_specializations: int = 8):
         # `backends` is the chain, in order; the last one runs ATen in place and takes all.
         self.backends = list(backends)
+        self.max_specializations = max_specializations  # 0: no per-shape compiles
         self.fallback_name = self.backends[-1].name
         self.exclude = frozenset(exclude_ops)
         self.pin = dict(pin or {})
@@ -171,6 +194,8 @@ class CapabilityTable:
         target = node.target
         if not isinstance(target, torch._ops.OpOverload):
             return ("notaten", target), NOT_ATEN
+        if not target._schema.returns:  # _assert_scalar, sym_constrain_range...
+            return ("nooutput", target), NO_OUTPUT
         if is_mutating(node):
             return ("mutates", target), MUTATES
         if random_depends_on_args(node):
@@ -197,11 +222,12 @@ class CapabilityTable:
 
     def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple) -> NodeSupport:
         candidates: list[str] = []
+        per_shape: dict[str, str] = {}
         refusals: dict[str, str] = {}
         excluded = name in self.exclude or packet_name(name) in self.exclude
+        symbolic = any(d.symbolic for d in descs)
         for backend in self.backends:
             if backend.name == self.fallback_name:
-                candidates.append(backend.name)
                 continue
             if backend.name in self.unavailable:
                 refusals[backend.name] = f"unavailable: {self.unavailable[backend.name]}"
@@ -210,20 +236,36 @@ class CapabilityTable:
                 refusals[backend.name] = "excluded by the config's exclude_ops"
                 continue
             why = self._refuse(backend, node, name, descs)
+            # (a decomposed node has no entry of its own; its decomposition is traced
+            # for static shapes only, so it is refused above when symbolic)
+            if why is None and symbolic and not getattr(backend.manifest().entry(name),
+                                                        "dynamic", False):
+                why = (f"{SHAPES_REASON}: {name} is not probed dynamic in the {backend.name} "
+                       f"manifest (`arbiter probe {backend.name} --dynamic`)")
+                if self.max_specializations > 0:
+                    per_shape[backend.name] = why + "; compiled per concrete shape"
+                    continue
+                why += "; per-shape compiles are off (shapes.max_specializations: 0)"
             if why is None:
                 candidates.append(backend.name)
             else:
                 refusals[backend.name] = why
+        # with symbols: one artifact for every size beats a compile per size
+        candidates += list(per_shape)
+        candidates.append(self.fallback_name)
         pinned = self.pin.get(name) or self.pin.get(packet_name(name))
         if pinned in candidates:
             candidates.remove(pinned)
             candidates.insert(0, pinned)
-            return NodeSupport(tuple(candidates), refusals, pinned)
-        return NodeSupport(tuple(candidates), refusals)
+        return NodeSupport(tuple(candidates), refusals,
+                           pinned=pinned if pinned in candidates else "", per_shape=per_shape)
 
     @staticmethod
     def _refuse(backend: Backend, node: torch.fx.Node, name: str, descs: tuple,
                 decompose: bool = True) -> Optional[str]:
+        """Why ``backend`` cannot run the node at all (symbolic shapes aside), or None.
+        ``decompose``: a node its manifest wants decomposed is judged by its
+        decomposition's nodes (``_refuse_decomposed``)."""
         if decompose and backend.manifest().decompositions:
             decomps = for_names(backend.manifest().decompositions)
             if decomps.applies(node):
@@ -232,14 +274,14 @@ class CapabilityTable:
         if entry is None:
             return f"{name} is not in the {backend.name} manifest"
         for d in descs:
+            if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
+                continue
             if d.dtype not in entry.dtypes:
                 allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
                 return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
                         f"(manifest allows {allowed})")
             if d.device not in entry.devices:
                 return f"device {d.device} not supported (manifest allows {', '.join(sorted(entry.devices))})"
-            if d.symbolic and not entry.dynamic:
-                return "symbolic (dynamic) shapes not supported"
             if entry.max_rank is not None and d.rank > entry.max_rank:
                 return f"rank {d.rank} tensor exceeds max_rank {entry.max_rank}"
         if entry.wrong_outputs:

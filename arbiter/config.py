@@ -14,6 +14,7 @@ A config is YAML (or a dict, or a ``Config``)::
     decompositions: [aten.silu]      # decomposed before partitioning
     freeze_weights: true       # inference graphs: weights become constants of the pieces
     refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
+    shapes: {max_specializations: 8}    # symbolic shapes a backend cannot take: per shape
 
 Unknown keys are errors; every error names the file, the key path, the line, and what
 would have been valid.
@@ -118,6 +119,19 @@ class VerifyOptions(BaseModel):
         return v
 
 
+class ShapesOptions(BaseModel):
+    """Symbolic (dynamic) shapes where a backend cannot take symbols (docs/design.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_specializations: StrictInt = Field(
+        8, ge=0, description="a partition with symbolic shapes on a backend whose manifest "
+        "does not mark its ops `dynamic` (or whose dynamic artifact failed its check at a "
+        "second shape) is compiled per concrete input shape, at most this many times; "
+        "the next shape goes to the next backend of its chain. 0: such nodes are refused "
+        "(planned on a backend that takes symbols, else eager)")
+
+
 class ResourcesOptions(BaseModel):
     """One thread budget and one memory arena for all backends (docs/resources.md)."""
 
@@ -177,6 +191,14 @@ class Config(BaseModel):
                                   description="accuracy checks against eager ATen")
     resources: ResourcesOptions = Field(default_factory=ResourcesOptions,
                                         description="one thread budget and arena per process")
+    shapes: ShapesOptions = Field(default_factory=ShapesOptions,
+                                  description="symbolic shapes: compiles per concrete shape")
+    compile_timeout_s: Optional[StrictFloat] = Field(
+        None, gt=0, description="give up waiting for a backend's compile of one partition "
+        "after this long and fall back to the next backend of its chain (reported, stage "
+        "`compile`). The compile then runs in a helper thread; Python cannot stop a thread, "
+        "so a compile that hangs keeps its thread (and what it holds) until it ends, and its "
+        "result is discarded (docs/robustness.md). None: wait as long as it takes")
     min_block_size: StrictInt = Field(
         3, ge=1, description="a partition with fewer compute nodes is handed to the next "
                              "backend able to run its nodes (eager is exempt)")

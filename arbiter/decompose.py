@@ -131,6 +131,13 @@ class Decompositions:
         argument (in ``_tensor_args`` order), its output(s) as the node returns them,
         ``meta["val"]`` on every node. Raises ``NotDecomposable`` with the reason."""
         key = _key(node)
+        try:
+            hash(key)
+        except TypeError:  # symbolic sizes (SymInt) are unhashable: not cached
+            hit = _trace(node, self.table)
+            if isinstance(hit, str):
+                raise NotDecomposable(hit) from None
+            return hit
         with _LOCK:
             hit = _CACHE.get((id(self.table), key))
             if hit is not None:
@@ -182,8 +189,14 @@ def for_names(names: Sequence[str]) -> Decompositions:
 
 def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
     """The partition ``gm`` as ``backend`` (a ``registry.Backend``) gets it: the nodes its
-    manifest's ``decompositions:`` names replaced by their decompositions."""
-    names = backend.manifest().decompositions
+    manifest's ``decompositions:`` names replaced by their decompositions. A view of a
+    backend without a manifest of its own (``run.dynamic.Symbolic``: decompositions are
+    traced for static shapes only) gets ``gm`` as it is; ``run.dynamic.PerShape``
+    decomposes each specialized (static) graph itself."""
+    manifest = getattr(backend, "manifest", None)
+    if manifest is None:
+        return gm
+    names = manifest().decompositions
     return for_names(names).apply(gm) if names else gm
 
 

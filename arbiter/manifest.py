@@ -8,7 +8,7 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
     defaults:                 # apply to every op entry that does not say otherwise
       dtypes: [float32, float16, int64, bool]
       devices: [cpu]
-      dynamic: false          # can it take symbolic (dynamic) shapes?
+      dynamic: false          # may its ops take symbolic shapes? (`arbiter probe --dynamic`)
       verified: declared      # `declared`, or the probe that confirmed the entry
     ops:
       aten.mm.default:        # written by `arbiter probe --write`:
@@ -76,7 +76,11 @@ class OpEntry(BaseModel):
     dtypes: Optional[list[str]] = Field(None, description="dtypes every tensor input and "
                                         "output of the node must have")
     devices: Optional[list[str]] = Field(None, description="devices the node may run on")
-    dynamic: Optional[bool] = Field(None, description="whether symbolic shapes are accepted")
+    dynamic: Optional[bool] = Field(None, description="whether the op may take symbolic "
+                                    "shapes (one artifact for every size); written by "
+                                    "`arbiter probe --dynamic` (two sizes through one "
+                                    "artifact). Without it a symbolic node is compiled per "
+                                    "concrete shape (config `shapes`)")
     max_rank: Optional[int] = Field(None, ge=0, description="largest tensor rank accepted")
     verified: Optional[str] = Field(None, description="`declared`, `built` (converted "
                                     "and built by `arbiter probe --build-only`, not run) or "
@@ -171,6 +175,17 @@ class ProbeInfo(BaseModel):
     dtypes_dropped: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="op -> {dtype: why}: declared dtypes a sample "
         "with the op tried and no sample passed, so the op no longer allows them")
+    dynamic_opinfos: str = Field("", description="`arbiter probe --dynamic`: OpInfos "
+                                 "probed / selected")
+    dynamic_samples_passed: int = 0
+    dynamic_samples_failed: int = 0
+    dynamic_failed: dict[str, str] = Field(
+        default_factory=dict, description="op -> why: ops whose sample alone failed at two "
+        "sizes through one artifact (they stay `dynamic: false`)")
+    dynamic_partial: dict[str, str] = Field(
+        default_factory=dict, description="op -> why: ops marked `dynamic` that passed "
+        "only with the innermost size of each input static (a feature size), and how "
+        "they failed with every size symbolic")
 
 
 class Manifest(BaseModel):

@@ -114,6 +114,31 @@ def random_depends_on_args(node: torch.fx.Node) -> bool:
             and _dropout_index(target) is not None)
 
 
+def reads_floating(node: torch.fx.Node) -> bool:
+    """Whether ``node`` reads a floating-point tensor (its inputs' ``meta["val"]``)."""
+    for inp in node.all_input_nodes:
+        if any(t.is_floating_point() for t in tensors_in(inp.meta.get("val"))):
+            return True
+    return False
+
+
+def nonfinite_validators(table: dict[str, str], backend: str) -> dict:
+    """Validators refusing the ops of ``table`` ({op: how it differs}) on floating-point
+    inputs: ops whose results differ from eager when the inputs hold NaN, inf, -0.0 or
+    huge values (``arbiter probe`` feeds those). Shared by backends with an
+    ``exact_nonfinite`` option."""
+    def make(op: str, how: str):
+        def check(node: torch.fx.Node) -> Optional[str]:
+            if reads_floating(node):
+                return (f"{how} on {backend} (eager differs; refused on floating inputs "
+                        f"unless the backend option exact_nonfinite is false)")
+            return None
+        check.__name__ = f"nonfinite_{op.replace('.', '_')}"
+        return check
+
+    return {op: make(op, how) for op, how in table.items()}
+
+
 def is_mutating(node: torch.fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable

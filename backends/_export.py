@@ -10,6 +10,16 @@
   memory into a runtime: the output specs (static shapes, supported dtypes, checked
   once), one runtime handle per thread (sessions' bindings and infer requests are not
   thread-safe), and the count of boundary copies kept in the piece's record.
+
+Symbolic partitions (``arbiter.run.dynamic``): ``export_program(..., dynamic=True)``
+exports with ``dynamic_shapes`` built from the graph's symbols and their ranges
+(``arbiter.shapes.export_dynamic_shapes``: one named ``Dim`` per symbol, ``Dim.AUTO`` for
+size expressions and int inputs), guards the graph implies kept as runtime asserts
+rather than failing the export; if export still refuses the named Dims, every dimension
+becomes ``Dim.AUTO`` (export may then specialize one silently: the artifact is checked at
+a second shape before it is trusted). Int inputs (symbols no tensor input carries) are
+fed as int64 scalars; output shapes are computed per call from the input sizes
+(``arbiter.shapes.Reader``), so outputs are still allocated by torch.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ from typing import Any, Optional
 
 import torch
 
+from arbiter.shapes import Reader, export_dynamic_shapes, input_values, symbols
 from arbiter.ops import output_values
 
 _LOGGERS = ("torch.onnx", "onnxscript", "onnx_ir", "torch.export")
@@ -44,21 +55,52 @@ def quiet():
             lg.setLevel(lvl)
 
 
-def export_program(gm: torch.fx.GraphModule, args: tuple):
-    """An ATen FX graph -> ExportedProgram (non-strict; see the module docstring).
-    Call inside ``quiet()``."""
-    return torch.export.export(gm, args, strict=False)
+def export_program(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
+    """An ATen FX graph -> ExportedProgram (non-strict; see the module docstring), with
+    symbolic dimensions when ``dynamic``. Call inside ``quiet()``."""
+    if not dynamic:
+        return torch.export.export(gm, args, strict=False)
+    values = input_values(gm)
+    # A data-dependent size of 0 or 1 at this call must not be fixed by export's 0/1
+    # specialization (Dynamo never hands a backed symbol 0 or 1).
+    small = any(isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) and n <= 1 for s, n in zip(v.shape, a.shape))
+        for v, a in zip(values, args))
+    from torch.fx.experimental import _config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=small):
+        try:
+            return torch.export.export(
+                gm, args, dynamic_shapes=export_dynamic_shapes(values), strict=False,
+                prefer_deferred_runtime_asserts_over_guards=True)
+        except Exception as exc:  # noqa: BLE001 - retried with Dim.AUTO everywhere
+            logging.getLogger(__name__).info(
+                "export with named dims failed (%s: %s); retrying with Dim.AUTO",
+                type(exc).__name__, str(exc).strip().splitlines()[0][:200] if str(exc) else "")
+        return torch.export.export(
+            gm, args, dynamic_shapes=export_dynamic_shapes(values, named=False),
+            strict=False, prefer_deferred_runtime_asserts_over_guards=True)
 
 
-def check_inputs(example_inputs, dtypes: Container) -> tuple:
-    """The partition's inputs, detached; TypeError for what the runtime cannot bind."""
+def range_key(gm: torch.fx.GraphModule) -> str:
+    """The symbols' ranges as text: part of a symbolic artifact's cache key (the graph's
+    text names the symbols, not their ranges)."""
+    found = symbols(input_values(gm))
+    return ";".join(f"{s.name}:{s.min}:{s.max}" for s in found.values())
+
+
+def check_inputs(example_inputs, dtypes: Container, ints: bool = False) -> tuple:
+    """The partition's inputs, detached; TypeError for what the runtime cannot bind.
+    ``ints``: int inputs (symbolic sizes of a dynamic partition) are allowed."""
     for a in example_inputs:
         if not isinstance(a, torch.Tensor):
-            raise TypeError(f"non-tensor partition input {type(a).__name__} "
-                            "(symbolic sizes are not supported by this backend)")
+            if ints and isinstance(a, int) and not isinstance(a, bool):
+                continue
+            raise TypeError(f"non-tensor partition input {type(a).__name__}"
+                            + ("" if ints else " (a static partition takes tensors only)"))
         if a.dtype not in dtypes:
             raise TypeError(f"partition input dtype {a.dtype} is not supported")
-    return tuple(a.detach() for a in example_inputs)
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in example_inputs)
 
 
 def outputs_of(gm: torch.fx.GraphModule) -> list:
@@ -73,11 +115,15 @@ class Runner:
     """Base of a compiled partition's callable; see the module docstring.
 
     ``out_vals``: the partition's traced outputs (``outputs_of``), every one a tensor of a
-    dtype in ``dtypes`` with a static shape, and as many as the compiled model has
-    (``n_outputs``); ``out_specs`` keeps (shape, dtype) of each. Subclasses implement
-    ``new_handle()`` (one per thread, from ``handle()``) and ``__call__``."""
+    dtype in ``dtypes``, and as many as the compiled model has (``n_outputs``);
+    ``out_specs`` keeps (shape, dtype) of each, the shape None where it is symbolic: then
+    ``output_shapes(args)`` computes it from the call's inputs (``in_vals``: the
+    partition's input values), or says None when it depends on data (the runtime
+    allocates that output). Subclasses implement ``new_handle()`` (one per thread, from
+    ``handle()``) and ``__call__``."""
 
-    def __init__(self, out_vals: list, dtypes: Container, n_outputs: int):
+    def __init__(self, out_vals: list, dtypes: Container, n_outputs: int,
+                 in_vals: Optional[list] = None):
         vals = out_vals
         if n_outputs != len(vals):
             raise RuntimeError(f"compiled model has {n_outputs} outputs, partition has "
@@ -87,12 +133,25 @@ class Runner:
             if not isinstance(v, torch.Tensor) or v.dtype not in dtypes:
                 raise TypeError(f"output {i}: unsupported value {type(v).__name__}"
                                 + (f" of dtype {v.dtype}" if isinstance(v, torch.Tensor) else ""))
-            if any(not isinstance(s, int) for s in v.shape):
+            static = all(isinstance(s, int) for s in v.shape)
+            if not static and in_vals is None:
                 raise TypeError(f"output {i}: symbolic shape {tuple(v.shape)}")
-            specs.append((tuple(int(s) for s in v.shape), v.dtype))
-        self.out_specs: list[tuple[tuple[int, ...], torch.dtype]] = specs
+            specs.append((tuple(int(s) for s in v.shape) if static else None, v.dtype))
+        self.out_specs: list[tuple[Optional[tuple[int, ...]], torch.dtype]] = specs
+        self.dynamic = any(shape is None for shape, _ in specs)
+        self._shapes_fn = None
+        if self.dynamic:
+            self._shapes_fn = Reader(in_vals).shapes_function(vals)
         self._local = threading.local()
         self._record: Optional[Any] = None
+
+    def output_shapes(self, args) -> list:
+        """Each output's shape for this call; None for one only the runtime knows."""
+        if not self.dynamic:
+            return [shape for shape, _ in self.out_specs]
+        if self._shapes_fn is None:
+            return [shape for shape, _ in self.out_specs]
+        return self._shapes_fn(args)
 
     def attach_record(self, record) -> None:
         """Count the copies this runner makes into ``record.copies`` (run.piece.Piece)."""

@@ -3,8 +3,13 @@
 A partition is handed to ``torch._inductor.compile_fx.compile_fx`` with the partition's
 real first-call inputs, as Inductor's own torch.compile path does after Dynamo. Wrapping
 the ATen partition in ``torch.compile`` instead was tried: Dynamo declined some partition
-GraphModules ("found no compiled frames"), so the direct entry is used. The result is
-specialized to those shapes: the manifest says ``dynamic: false``.
+GraphModules ("found no compiled frames"), so the direct entry is used. A static
+partition's kernels are specialized to those shapes.
+
+A partition with symbolic shapes is compiled on the graph's own fake inputs (FakeTensors
+with SymInt sizes, and its SymInt inputs), as Inductor does under Dynamo: the kernels take
+the sizes as arguments, one compile serves every size. Guards Inductor adds to Dynamo's
+ShapeEnv while compiling are checked per call by ``arbiter.run.dynamic``.
 """
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from arbiter.errors import require_known, unknown_name
+from arbiter.ops import nonfinite_validators
 from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.shapes import graph_is_symbolic, input_values
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +34,10 @@ class InductorOptions(BaseModel):
                            "max-autotune-no-cudagraphs"]] = Field(
         None, description="torch.compile mode (the max-autotune modes turn on "
         "`max_autotune`)")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when an input "
+        "holds NaN (measured by `arbiter probe`: grid_sample, multi_margin_loss). false: "
+        "compile them anyway")
     trusted_options: list[str] = Field(
         default_factory=list, description="keys of `options` you allow although they name "
         "programs, paths or flags Inductor runs or loads (one by one: only write this in a "
@@ -152,18 +163,35 @@ def _type_name(tp) -> str:
         "typing.", "")
 
 
+#: Ops whose results differ from eager when an input holds NaN (torch 2.13 Inductor,
+#: CPU, float32; `arbiter probe inductor --dtypes float32`, 2026-11-23). Refused on
+#: floating inputs unless `exact_nonfinite` is false. Differences that need +-inf or huge
+#: inputs (gelu, batch and group norm, linear upsampling, remainder with inf; acosh of
+#: huge values) are reported by the probe, not refused (docs/robustness.md).
+_NONFINITE = {
+    "aten.grid_sampler_2d": "grid_sample with NaN differs",
+    "aten.multi_margin_loss": "multi_margin_loss with NaN differs",
+}
+_EXACT = nonfinite_validators(_NONFINITE, "inductor")
+
+
 @register_backend
 class Inductor(Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
 
+    @property
+    def validators(self) -> dict:
+        """The non-finite validators unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else {}
+
     def compile(self, gm, example_inputs):
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
-        if _has_symbolic_placeholders(gm):
-            raise TypeError("symbolic shapes: this backend compiles for static shapes only")
+        # symbolic: the graph's fake inputs, so the kernels take sizes as arguments
+        example = input_values(gm) if graph_is_symbolic(gm) else list(example_inputs)
         patches = dict(self.options.options)
         if self.options.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             patches.setdefault("max_autotune", True)
@@ -175,7 +203,7 @@ class Inductor(Backend):
         if context is not None:
             try:
                 with inductor_config.patch(patches), context:
-                    return compile_fx(gm, list(example_inputs))
+                    return compile_fx(gm, example)
             except Exception as exc:  # noqa: BLE001 - retried below without the context
                 # Seen on the small CNN's training forward: Inductor's scalar pass looked
                 # up a symbol the context's shape env does not know (KeyError). Compile
@@ -184,7 +212,7 @@ class Inductor(Backend):
                          "compiling without it (Inductor's FX graph cache is bypassed)",
                          type(exc).__name__, str(exc)[:200])
         with inductor_config.patch(patches):
-            return compile_fx(gm, list(example_inputs))
+            return compile_fx(gm, example)
 
     _threads = None  # set by configure_resources: the budget's threads
 
@@ -236,15 +264,3 @@ def _cacheable_context(gm: torch.fx.GraphModule):
     if fake_mode is None or fake_mode.shape_env is None:
         return None  # nothing to key on: Inductor bypasses its cache
     return tracing(TracingContext(fake_mode))
-
-
-def _has_symbolic_placeholders(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt):
-            return True
-        if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
-            return True
-    return False

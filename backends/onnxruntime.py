@@ -9,6 +9,11 @@ Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
 results), and outputs are written by ONNX Runtime straight into tensors that torch
 allocated, which are then handed on as they are.
+
+A partition with symbolic shapes is exported once with symbolic ONNX dimensions
+(``backends/_export.py``): one session serves every size. Its output shapes are computed
+per call from the input sizes; an output whose size depends on data is allocated by ONNX
+Runtime and handed over as a tensor.
 """
 from __future__ import annotations
 
@@ -19,10 +24,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from arbiter.errors import require_known
-from arbiter.ops import op_name
+from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.shapes import graph_is_symbolic, input_values
 
-from ._export import Runner, check_inputs, export_program, outputs_of, quiet
+from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,10 @@ class OrtOptions(BaseModel):
         require_known("execution provider", v, onnxruntime.get_all_providers())
         return v
     optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when an input "
+        "holds NaN (measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is "
+        "x, heaviside(NaN, y) is 1...). false: run them on ONNX Runtime anyway")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
@@ -84,19 +94,43 @@ def _batch_norm_training(node) -> Optional[str]:
     return None
 
 
+_VALIDATORS = {
+    "aten._native_batch_norm_legit_functional": _batch_norm_training,
+    "aten._native_batch_norm_legit": _batch_norm_training,
+    "aten.native_batch_norm": _batch_norm_training,
+    "aten._batch_norm_with_update_functional": _batch_norm_training,
+    "aten.batch_norm": _batch_norm_training,
+}
+
+#: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
+#: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
+#: on floating inputs unless `exact_nonfinite` is false. Differences that need +-inf,
+#: -0.0 or huge inputs (gelu(inf) is inf where eager says NaN, group norm, upsampling and
+#: fft with inf, signbit(-0.0), logaddexp2 and hardswish of huge values) are reported by
+#: the probe, not refused (docs/robustness.md).
+_NONFINITE = {
+    "aten.sign": "sign(NaN) is NaN (eager: 0)",
+    "aten.clamp_min.Tensor": "clamp_min(NaN, x) is x",
+    "aten.clamp_max.Tensor": "clamp_max(NaN, x) is x",
+    "aten.heaviside": "heaviside(NaN, y) is 1 (eager: 0)",
+    "aten.atan2": "atan2 with NaN is 0",
+    "aten.angle": "angle(NaN) is 0",
+    "aten.grid_sampler_2d": "grid_sample with NaN differs",
+}
+_EXACT = {**nonfinite_validators(_NONFINITE, "onnxruntime"), **_VALIDATORS}
+
+
 @register_backend
 class OnnxRuntime(Backend):
     name = "onnxruntime"
     color = "#4e79a7"  # fixed in every report (arbiter/report/html.py)
     Options = OrtOptions
     install_hint = "pip install 'torch-arbiter[onnxruntime]'"
-    validators = {
-        "aten._native_batch_norm_legit_functional": _batch_norm_training,
-        "aten._native_batch_norm_legit": _batch_norm_training,
-        "aten.native_batch_norm": _batch_norm_training,
-        "aten._batch_norm_with_update_functional": _batch_norm_training,
-        "aten.batch_norm": _batch_norm_training,
-    }
+
+    @property
+    def validators(self) -> dict:
+        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -121,15 +155,20 @@ class OnnxRuntime(Backend):
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
-        args = check_inputs(example_inputs, _NP_NAMES)
+        dynamic = graph_is_symbolic(gm)
+        args = check_inputs(example_inputs, _NP_NAMES, ints=dynamic)
         # The export is the slow step (seconds on a transformer): its ONNX bytes are what
-        # the persistent cache keeps; session creation from bytes is cheap.
+        # the persistent cache keeps; session creation from bytes is cheap. A symbolic
+        # artifact's key also holds the symbols' ranges.
+        key_inputs = [range_key(gm)] if dynamic else list(args)
         model_bytes = self.cached_artifact(
-            gm, args, lambda: export_onnx(gm, args, optimize=self.options.optimize_export)
-            .SerializeToString(), kind="onnx")
+            gm, key_inputs, lambda: export_onnx(gm, args, optimize=self.options.optimize_export,
+                                                dynamic=dynamic).SerializeToString(),
+            kind="onnx-dynamic" if dynamic else "onnx")
         sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
-                         [o.name for o in sess.get_outputs()], args, outputs_of(gm))
+                         [o.name for o in sess.get_outputs()], args, outputs_of(gm),
+                         input_values(gm) if dynamic else None)
 
     # -- threads, spinning, arena (arbiter/run/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
@@ -259,46 +298,57 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return ()
 
 
-def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True):
-    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter."""
+def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
+                dynamic: bool = False):
+    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
+    ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
     with quiet():
         # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
         # strict export would run Dynamo inside the user's compiled call
-        exported = export_program(gm, args)
+        exported = export_program(gm, args, dynamic=dynamic)
         program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
                                     verbose=False, report=False)
     return program.model_proto
 
 
 class OrtRunner(Runner):
-    """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors."""
+    """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors.
+    Int inputs (a symbolic partition's sizes) are bound as int64 scalars."""
 
     def __init__(self, sess, in_names: list[str], out_names: list[str], example_args: tuple,
-                 out_vals: list):
+                 out_vals: list, in_vals: Optional[list] = None):
         import numpy as np
 
         if len(in_names) != len(example_args):
             raise RuntimeError(f"exported model has {len(in_names)} inputs, partition has "
                                f"{len(example_args)}")
-        super().__init__(out_vals, _NP_NAMES, len(out_names))
+        super().__init__(out_vals, _NP_NAMES, len(out_names), in_vals)
         self.sess = sess
         self.in_names = in_names
-        self.in_types = [np.dtype(_NP_NAMES[a.dtype]) for a in example_args]
-        self.out_specs = [(name, shape, dtype, np.dtype(_NP_NAMES[dtype]))
-                          for name, (shape, dtype) in zip(out_names, self.out_specs)]
+        self.in_types = [np.dtype(_NP_NAMES[a.dtype]) if isinstance(a, torch.Tensor)
+                         else np.dtype("int64") for a in example_args]
+        self.out_names = out_names
+        self.out_np = [np.dtype(_NP_NAMES[dtype]) for _, dtype in self.out_specs]
 
     def new_handle(self):
         return self.sess.io_binding()
 
     def __call__(self, *args: torch.Tensor):
         b = self.handle()
-        keep = []  # contiguous copies live until the run is done
+        keep = []  # contiguous copies and int scalars live until the run is done
         for name, t, np_type in zip(self.in_names, args, self.in_types):
-            t = self.contiguous(t)
+            t = self.contiguous(t) if isinstance(t, torch.Tensor) \
+                else torch.tensor(t, dtype=torch.int64)
             keep.append(t)
             b.bind_input(name, "cpu", 0, np_type, t.shape, t.data_ptr())
         outs = []
-        for name, shape, dtype, np_type in self.out_specs:
+        shapes = self.output_shapes(args)
+        for name, shape, (_, dtype), np_type in zip(self.out_names, shapes, self.out_specs,
+                                                    self.out_np):
+            if shape is None:  # a size that depends on data: ONNX Runtime allocates it
+                b.bind_output(name, "cpu")
+                outs.append(None)
+                continue
             o = torch.empty(shape, dtype=dtype)
             if o.numel():
                 b.bind_output(name, "cpu", 0, np_type, shape, o.data_ptr())
@@ -306,4 +356,8 @@ class OrtRunner(Runner):
                 b.bind_output(name, "cpu")
             outs.append(o)
         self.sess.run_with_iobinding(b)
+        if any(o is None for o in outs):
+            got = b.get_outputs()
+            outs = [torch.from_numpy(got[k].numpy()) if o is None else o
+                    for k, o in enumerate(outs)]
         return outs

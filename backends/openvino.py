@@ -16,6 +16,12 @@ over the torch tensor's memory (``shared_memory=True``; made contiguous first, w
 the one copy that can happen: counted in the piece's record), and outputs are
 torch-allocated tensors set as the request's output tensors, so the plugin writes into
 them. Each thread gets its own infer request (requests are not thread-safe).
+
+A partition with symbolic shapes is exported with symbolic dimensions
+(``backends/_export.py``) and its inputs get dynamic dimensions bounded by the symbols'
+ranges (``ov.Dimension(min, max)``; ``mark_dynamic``'s bounds come through), so one
+compiled model serves every size and the plugin refuses a size outside them. Output
+shapes are computed per call from the input sizes, as for ONNX Runtime.
 """
 from __future__ import annotations
 
@@ -26,7 +32,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from arbiter.errors import require_known
+from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
@@ -49,6 +57,12 @@ class OvOptions(BaseModel):
         "the CPUs this process may run on (more is reduced, with a warning)")
     performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] = Field(
         "LATENCY", description="PERFORMANCE_HINT")
+    exact_nonfinite: bool = Field(
+        True, description="refuse the ops whose results differ from eager when their "
+        "inputs hold NaN, inf, -0.0 or huge values (measured by `arbiter probe`, which "
+        "feeds those: relu(NaN) and maximum(NaN, 0) are 0, exp(NaN) is inf, NaN > x is "
+        "true, softmax of a row with NaN is 0; eager says NaN or false). false: run them "
+        "on OpenVINO anyway (faster placement, but a NaN can vanish)")
     device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
                         "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
                         "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
@@ -130,16 +144,72 @@ def _full_variance(node) -> Optional[str]:
     return None
 
 
+#: Ops whose results differ from eager when an input holds NaN (openvino 2026.4, CPU,
+#: float32; `arbiter probe openvino --dtypes float32`, which feeds NaN, +-inf, -0.0 and
+#: huge values one kind at a time, and single values by hand, 2026-11-23): a NaN vanishes
+#: or appears. Refused on floating inputs unless `exact_nonfinite` is false. Differences
+#: that need +-inf, -0.0 or huge inputs (fmod, remainder, atan2(-0.0, x), logsigmoid of a
+#: huge value, bilinear upsampling and batch norm with inf...) are reported by the probe,
+#: not refused (docs/robustness.md); float -> integer conversions are undefined there.
+_NONFINITE = {
+    "aten.relu": "relu(NaN) is 0",
+    "aten.hardtanh": "hardtanh(NaN) is the lower bound",
+    "aten.clamp": "clamp(NaN) is the lower bound",
+    "aten.clamp_min": "clamp_min(NaN) is the bound",
+    "aten.clamp_max": "clamp_max(NaN) is the bound",
+    "aten.hardsigmoid": "hardsigmoid(NaN) is finite",
+    "aten.maximum": "maximum(NaN, 0) is 0",
+    "aten.minimum": "minimum(NaN, 0) is 0",
+    "aten.max": "max skips NaN",
+    "aten.min": "min skips NaN",
+    "aten.amax": "amax of a row with NaN is inf",
+    "aten.amin": "amin skips NaN",
+    "aten.argmin": "argmin skips NaN",
+    "aten.max_pool2d_with_indices": "max pooling skips NaN",
+    "aten.max_pool3d_with_indices": "max pooling skips NaN",
+    "aten._softmax": "softmax of a row with NaN is 0",
+    "aten._log_softmax": "log_softmax of a row with NaN is finite",
+    "aten.logsumexp": "logsumexp skips NaN",
+    "aten.exp": "exp(NaN) is inf",
+    "aten.expm1": "expm1(NaN) is inf",
+    "aten.gt": "NaN > x is true",
+    "aten.ge": "NaN >= x is true",
+    "aten.logical_not": "logical_not(NaN) is true",
+    "aten.all": "all() of NaN is false",
+    "aten.sign": "sign(NaN) is NaN (eager: 0)",
+    "aten.sort": "NaN sorts elsewhere",
+    "aten.div.Tensor_mode": "rounded division of NaN differs",
+}
+
+
+def _to_bool(node) -> Optional[str]:
+    # bool(NaN) is false on OpenVINO; eager (and C) says true
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype == torch.bool and reads_floating(node):
+        return ("a float -> bool conversion: bool(NaN) is false on openvino (eager: true); "
+                "refused unless the backend option exact_nonfinite is false")
+    return None
+
+
+_VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
+               "aten.concatenate.default": _cat_of_legacy_empty,
+               "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
+               "aten.var_mean.correction": _full_variance}
+_EXACT = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool,
+          **_VALIDATORS}
+
+
 @register_backend
 class OpenVino(Backend):
     name = "openvino"
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-    validators = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
-                  "aten.concatenate.default": _cat_of_legacy_empty,
-                  "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
-                  "aten.var_mean.correction": _full_variance}
+
+    @property
+    def validators(self) -> dict:
+        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
+        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -160,12 +230,14 @@ class OpenVino(Backend):
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
         import openvino as ov
 
-        args = check_inputs(example_inputs, _TORCH_TO_OV)
-        model = convert(gm, args)
+        dynamic = graph_is_symbolic(gm)
+        args = check_inputs(example_inputs, _TORCH_TO_OV, ints=dynamic)
+        model = convert(gm, args, dynamic=dynamic)
         core = ov.Core()
         passthrough = _passthrough_outputs(model)
         compiled = core.compile_model(model, self.options.device, self.properties())
-        return OvRunner(compiled, args, outputs_of(gm), passthrough)
+        return OvRunner(compiled, args, outputs_of(gm), passthrough,
+                        input_values(gm) if dynamic else None)
 
     _budget_threads = None  # set by configure_resources, process-wide
 
@@ -215,12 +287,13 @@ class OpenVino(Backend):
         return out
 
 
-def convert(gm: torch.fx.GraphModule, args: tuple):
-    """An ATen FX graph -> openvino.Model, with the inputs' shapes and dtypes fixed."""
+def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
+    """An ATen FX graph -> openvino.Model, with the inputs' dtypes and shapes fixed:
+    static, or (``dynamic``) bounded by the symbols' ranges."""
     import openvino as ov
 
     with quiet():
-        exported = export_program(gm, args)
+        exported = export_program(_for_openvino(gm), args, dynamic=dynamic)
         try:
             model = ov.convert_model(exported)
         except Exception as exc:
@@ -229,14 +302,97 @@ def convert(gm: torch.fx.GraphModule, args: tuple):
     if len(model.inputs) != len(args):
         raise RuntimeError(f"converted model has {len(model.inputs)} inputs, partition has "
                            f"{len(args)}")
-    # Both paths give dynamic dimensions; the partition's shapes are static (the manifest
-    # says dynamic: false), and static shapes let the plugin plan memory and kernels.
+    # Both paths give dynamic dimensions, even for static sizes; static shapes let the
+    # plugin plan memory and kernels, and bounds let it refuse a size out of range.
+    values = input_values(gm)
     for i, a in enumerate(args):
         node = model.inputs[i].get_node()
+        if not isinstance(a, torch.Tensor):  # a size no tensor input carries: int64 scalar
+            node.set_element_type(ov.Type.i64)
+            node.set_partial_shape(ov.PartialShape([]))
+            continue
         node.set_element_type(getattr(ov.Type, _TORCH_TO_OV[a.dtype]))
-        node.set_partial_shape(ov.PartialShape(list(a.shape)))
+        node.set_partial_shape(_partial_shape(values[i], a) if dynamic
+                               else ov.PartialShape(list(a.shape)))
     model.validate_nodes_and_infer_types()
     return model
+
+
+def _for_openvino(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` rewritten for OpenVINO's frontend (a copy of the graph; constants shared):
+
+    * every ``aten.view`` a ``aten.reshape``. The frontend runs decompositions again on
+      the ExportedProgram, and there the strides of some values differ from those traced
+      (the output of SDPA's CPU kernel in BERT and GPT-2): ``view`` then failed ("Cannot
+      view a tensor with shape [4, 32, 256] and strides (256, 1024, 1)"), and the whole
+      partition fell back to the next backend. A reshape is a view where one is possible;
+      the partition is functional and its outputs are copied into torch's buffers anyway;
+    * ``_scaled_dot_product_flash_attention_for_cpu`` (what AOTAutograd makes of SDPA on
+      CPU) whose log-sum-exp no node reads, ``aten.scaled_dot_product_attention``: the
+      frontend translates that into OpenVINO's fused attention, the other into MatMul,
+      Softmax and Transposes (on the BERT-style encoder of bench/dynamic_shapes.py: 4
+      Transposes instead of 16, no Broadcast or Reorder nodes in the symbolic model).
+      Random ones (``dropout_p`` > 0) never reach a backend."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    view = torch.ops.aten.view.default
+    if not any(n.target in (view, flash) for n in gm.graph.nodes):
+        return gm
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is view:
+            n.target = torch.ops.aten.reshape.default
+        elif n.target is flash:
+            _fuse_attention(graph, n)
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replace one ``_scaled_dot_product_flash_attention_for_cpu`` by SDPA (see above)."""
+    import operator
+
+    users = list(node.users)
+    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in users):
+        return  # the log-sum-exp is read (a backward graph): keep the op as it is
+    names = [a.name for a in node.target._schema.arguments]
+    bound = dict(zip(names, node.args), **node.kwargs)
+    if bound.get("dropout_p", 0.0) != 0.0:
+        return
+    with graph.inserting_before(node):
+        sdpa = graph.call_function(
+            torch.ops.aten.scaled_dot_product_attention.default,
+            (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
+             bool(bound.get("is_causal", False))), {"scale": bound.get("scale")})
+    sdpa.meta = dict(node.meta)
+    if isinstance(node.meta.get("val"), (tuple, list)):
+        sdpa.meta["val"] = node.meta["val"][0]
+    for u in users:
+        if u.args[1] == 0:
+            u.replace_all_uses_with(sdpa)
+        graph.erase_node(u)
+    graph.erase_node(node)
+
+
+def _partial_shape(value, arg: torch.Tensor):
+    """A placeholder's shape for OpenVINO: static sizes as they are, symbolic ones as
+    ``Dimension(min, max)`` from the ShapeEnv (-1: no upper bound)."""
+    import openvino as ov
+
+    if not isinstance(value, torch.Tensor):
+        return ov.PartialShape(list(arg.shape))
+    env = shape_env_of([value])
+    dims = []
+    for s in value.shape:
+        e = expr(s)
+        if e.is_number or env is None:
+            dims.append(ov.Dimension(int(e)))
+            continue
+        lo, hi = bounds(e, env)
+        dims.append(ov.Dimension(lo, -1 if hi is None else hi))
+    return ov.PartialShape(dims)
 
 
 def _passthrough_outputs(model) -> dict[int, int]:
@@ -268,16 +424,19 @@ def _conversion_summary(message: str) -> str:
 
 
 class OvRunner(Runner):
-    """Runs one compiled model: inputs and outputs share memory with torch tensors."""
+    """Runs one compiled model: inputs and outputs share memory with torch tensors.
+    Int inputs (a symbolic partition's sizes) are fed as int64 scalars."""
 
     def __init__(self, compiled, example_args: tuple, out_vals: list,
-                 passthrough: Optional[dict[int, int]] = None):
+                 passthrough: Optional[dict[int, int]] = None, in_vals: Optional[list] = None):
         n_in = len(compiled.inputs)
         if n_in != len(example_args):
             raise RuntimeError(f"converted model has {n_in} inputs, partition has "
                                f"{len(example_args)}")
-        super().__init__(out_vals, _TORCH_TO_OV, len(compiled.outputs))
+        super().__init__(out_vals, _TORCH_TO_OV, len(compiled.outputs), in_vals)
         for i, (shape, _) in enumerate(self.out_specs):
+            if shape is None:
+                continue  # symbolic: computed per call
             ov_shape = tuple(compiled.outputs[i].get_partial_shape().to_shape())
             if ov_shape != shape:
                 raise RuntimeError(f"output {i}: OpenVINO gives shape {ov_shape}, the "
@@ -289,24 +448,35 @@ class OvRunner(Runner):
         return self.compiled.create_infer_request()
 
     def __call__(self, *args: torch.Tensor):
+        import numpy as np
         import openvino as ov
 
         req = self.handle()
         keep = []  # contiguous copies live until the request is done
         for i, t in enumerate(args):
-            t = self.contiguous(t)
-            keep.append(t)
-            req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
+            if isinstance(t, torch.Tensor):
+                t = self.contiguous(t)
+                keep.append(t)
+                req.set_input_tensor(i, ov.Tensor(_as_numpy(t), shared_memory=True))
+            else:
+                req.set_input_tensor(i, ov.Tensor(np.array(t, dtype=np.int64)))
         outs = []
-        for i, (shape, dtype) in enumerate(self.out_specs):
+        shapes = self.output_shapes(args)
+        for i, (shape, (_, dtype)) in enumerate(zip(shapes, self.out_specs)):
             j = self.passthrough.get(i)
             if j is not None:
                 outs.append(args[j].clone())  # the plugin would leave a bound buffer unwritten
+                continue
+            if shape is None:  # a size that depends on data: the plugin allocates it
+                outs.append(None)
                 continue
             o = torch.empty(shape, dtype=dtype)
             req.set_output_tensor(i, ov.Tensor(_as_numpy(o), shared_memory=True))
             outs.append(o)
         req.infer()
+        if any(o is None for o in outs):
+            outs = [torch.from_numpy(req.get_output_tensor(k).data.copy()) if o is None else o
+                    for k, o in enumerate(outs)]
         return outs
 
 

@@ -309,3 +309,110 @@ def test_random_graphs_match_eager(program):
 @given(programs())
 def test_random_graphs_match_eager_many(program):
     _fuzz(program)
+
+
+# -- non-finite inputs: NaN, +-inf, -0.0, huge values ----------------------------------------
+#: cpu_all (OpenVINO, ONNX Runtime, Inductor), min_block_size 1: every backend sees ops.
+NONFINITE_CONFIG = arbiter.load_config("cpu_all").model_copy(update={"min_block_size": 1})
+
+
+def sweep_nonfinite_one(info, dtype: torch.dtype, kinds=("nan",),
+                        config=NONFINITE_CONFIG) -> tuple[str, str]:
+    """``sweep_one`` with the sample's floating inputs holding special values
+    (``arbiter.probe.opinfo.nonfinite_inputs``): a NaN must come out where eager's does."""
+    from arbiter.probe.opinfo import nonfinite_inputs
+
+    if _nondeterministic(info):
+        return "nondeterministic", ""
+    sample = _pick_sample(info, dtype)
+    if sample is None:
+        return "no_sample", ""
+    fn, tensors = sample_fn(info, sample)
+    special = nonfinite_inputs(tensors, kinds, first_only=True)  # the input, not weights
+    if special is None:
+        return "no_sample", "no floating input"
+    try:
+        with torch.no_grad():
+            expected = list(fn(*[t.clone() for t in special]))
+    except Exception as exc:  # noqa: BLE001
+        return "no_sample", f"eager: {type(exc).__name__}"
+    if not expected or any(not t.is_floating_point() and t.dtype != torch.bool and
+                           any(a.is_floating_point() for a in special) for t in expected
+                           if info.name in ("long", "int", "short", "char", "byte")):
+        return "no_sample", "float -> integer conversion (undefined for NaN)"
+    be = arbiter.Arbiter(config)
+    try:
+        got = _run(fn, special, be)
+    except Exception as exc:  # noqa: BLE001
+        try:
+            _run(fn, special, "aot_eager")
+        except Exception:  # noqa: BLE001
+            return "torch_failed", f"{type(exc).__name__}"
+        return "failed", f"crash: {type(exc).__name__}: {str(exc)[:200]}"
+    cmp = compare(expected, got)
+    if not cmp.ok:
+        parts = [p for g in be.report(advice=False).graphs for p in g.partitions]
+        return "failed", f"wrong answer: {cmp.detail} ({', '.join(p.backend for p in parts)})"
+    parts = [p for g in be.report(advice=False).graphs for p in g.partitions]
+    if any(p.backend != "eager" for p in parts):
+        return "matched", ",".join(sorted({p.backend for p in parts}))
+    return "eager_only", ""
+
+
+def test_opinfo_sweep_nan_ci(fresh_dynamo):
+    """The CI OpInfos with NaN in their floating inputs, under cpu_all: OpenVINO drops
+    NaN in relu, max, clamp, exp, comparisons, softmax (eager keeps it); those ops are
+    refused on floating inputs (backends' `exact_nonfinite`), so every answer matches."""
+    infos = [o for o in opinfos(CI_OPINFOS) if not o.variant_test_name]
+    counts, failures = sweep(infos, [torch.float32], one=sweep_nonfinite_one)
+    print("opinfo NaN sweep (CI, cpu_all):", dict(counts))
+    assert not failures, "\n".join(failures)
+    assert counts["matched"] >= len(infos) // 3, dict(counts)
+
+
+@pytest.mark.slow
+def test_opinfo_sweep_nan_full(fresh_dynamo):
+    """Every OpInfo, float32, NaN inputs, cpu_all."""
+    counts, failures = sweep(opinfos(), [torch.float32], log=sys.stderr, one=sweep_nonfinite_one)
+    print("opinfo NaN sweep (full):", dict(counts), file=sys.stderr)
+    for line in failures:
+        print("  failed:", line, file=sys.stderr)
+    assert not failures, f"{len(failures)} failures; first: {failures[:10]}"
+
+
+def _fuzz_nonfinite(program, config):
+    """A random program on inputs holding NaN and +-inf (and -0.0) against eager: NaN
+    where eager has NaN, the same infinities. (Huge finite values are left out: the
+    programs' matmuls overflow them to inf in orders that differ between any two
+    kernels.)"""
+    from arbiter.probe.opinfo import nonfinite_inputs
+
+    steps, shape, _ = program
+    fn = _program(steps)
+    gen = torch.Generator().manual_seed(len(steps) * 31 + shape[0])
+    x, y = (torch.randn(shape, generator=gen) for _ in range(2))
+    x, y = nonfinite_inputs([x, y], ("nan", "inf", "zero"))
+    expected = fn(x.clone(), y.clone())
+    torch._dynamo.reset()
+    be = arbiter.Arbiter(config)
+    got = torch.compile(fn, backend=be, dynamic=False)(x, y)
+    cmp = compare(list(expected), list(got))
+    assert cmp.ok, (steps, shape, cmp.detail, str(be.report(advice=False)))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_graphs_with_nonfinite_inputs_cpu_all(program):
+    """Before: 5 of 220 random programs with NaN/inf inputs differed from eager under
+    cpu_all, with no fallback or warning."""
+    _fuzz_nonfinite(program, dict(arbiter.load_config("cpu_all").model_dump(
+        mode="json", exclude={"source"}), min_block_size=program[2]["min_block_size"]))
+
+
+@pytest.mark.slow
+@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_graphs_with_nonfinite_inputs_cpu_all_many(program):
+    _fuzz_nonfinite(program, dict(arbiter.load_config("cpu_all").model_dump(
+        mode="json", exclude={"source"}), min_block_size=program[2]["min_block_size"]))

@@ -7,6 +7,8 @@ the ops whose samples alone failed in every dtype they allowed
 
 --build-only (TensorRT without CUDA): each sample is converted and built, not run; what
 passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.
+--dynamic probes symbolic shapes instead: each sample traced with symbolic sizes, compiled
+once and run at two sizes; --write marks the ops that passed `dynamic: true`.
 
 --grad: each sample's backward graph is probed instead (the `*_backward` ops a training
 step's backward partitions hold, with the forward's saved tensors); ops the manifest's
@@ -30,6 +32,10 @@ def add_arguments(parser) -> None:
                         help="comma-separated dtypes to try (default float32,int64,bool,float16)")
     parser.add_argument("--limit-s", type=float, default=None,
                         help="stop starting new OpInfos after this many seconds")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="probe symbolic shapes (two sizes through one compiled "
+                             "artifact; dtypes default to float32) and, with --write, set "
+                             "`dynamic: true` on the ops that passed")
     parser.add_argument("--write", action="store_true",
                         help="update capabilities/<backend>.yaml: what passed, the dtypes "
                              "that failed, the ops that failed")
@@ -67,13 +73,22 @@ def run(args) -> int:
                            "backend that builds without running has one: tensorrt)")
     if backend.inline_aten:
         raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
-    dtypes = args.dtypes.split(",") if args.dtypes else list(DEFAULT_DTYPES)
+    dynamic = getattr(args, "dynamic", False)
+    if dynamic and args.build_only:
+        raise ArbiterError("--dynamic and --build-only cannot be combined: a dynamic probe "
+                           "runs each artifact at two sizes")
+    if args.grad and (dynamic or args.build_only):
+        raise ArbiterError("--grad cannot be combined with --dynamic or --build-only: "
+                           "backward graphs are probed with static shapes, run")
+    dtypes = args.dtypes.split(",") if args.dtypes else \
+        (["float32"] if dynamic else list(DEFAULT_DTYPES))
     try:
         require_known("dtype", dtypes, DTYPES)
     except ValueError as exc:
         raise ArbiterError(f"--dtypes: {exc}") from None
     result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
-                   progress=stderr_progress(), build_only=args.build_only, grad=args.grad)
+                   progress=stderr_progress(), build_only=args.build_only, dynamic=dynamic,
+                   grad=args.grad)
     print(result.summary())
     for line in summarize_failures(result.samples):
         print("  failed:", line)

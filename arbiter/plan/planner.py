@@ -24,12 +24,14 @@ from .patterns import with_patterns
 class Planner:
     def __init__(self, backends: Mapping[str, Backend], unavailable: Mapping[str, str], *,
                  exclude_ops: Sequence[str] = (), pin: Optional[Mapping[str, str]] = None,
-                 min_block_size: int = 1, decision_config: Optional[dict] = None):
+                 min_block_size: int = 1, decision_config: Optional[dict] = None,
+                 max_specializations: int = 8):
         self.backends: dict[str, Backend] = dict(backends)  # config order, eager last
         self.unavailable: dict[str, str] = dict(unavailable)
         self.exclude_ops = list(exclude_ops)
         self.pin = dict(pin or {})
         self.min_block_size = min_block_size
+        self.max_specializations = max_specializations
         self._decision_config = dict(decision_config or {})
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
@@ -39,7 +41,8 @@ class Planner:
         config's excludes, pins and unavailable backends, and the patterns their
         manifests claim (``patterns.with_patterns``)."""
         return with_patterns(CapabilityTable(backends, exclude_ops=self.exclude_ops,
-                                             pin=self.pin, unavailable=self.unavailable))
+                                             pin=self.pin, unavailable=self.unavailable,
+                                             max_specializations=self.max_specializations))
 
     @property
     def inline(self) -> set[str]:

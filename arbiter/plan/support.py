@@ -11,6 +11,7 @@ ran op Y".
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Optional, Protocol
 
 import torch.fx
@@ -48,16 +49,13 @@ class Preferred:
         for node, sup in zip(nodes, self._table.support_all(nodes)):
             b = self._prefer(node)
             if b is not None and sup.candidates[0] != b and (self._force or b in sup.candidates):
-                sup = NodeSupport((b, *(c for c in sup.candidates if c != b)), sup.refusals,
-                                  sup.pinned)
+                sup = replace(sup, candidates=(b, *(c for c in sup.candidates if c != b)))
             out.append(sup)
         return out
 
     def pattern_groups(self, nodes, support) -> list:
         """The wrapped table's pattern groups, a match's preferred backend first (the first
         of its nodes with a preference decides)."""
-        from dataclasses import replace
-
         find = getattr(self._table, "pattern_groups", None)
         out = []
         for g in find(nodes, support) if find is not None else ():

@@ -47,11 +47,24 @@ the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
 without CUDA), each sample is built (``Backend.build_only``) and not run: passing means
 "built", and the manifest says ``verified: built`` with ``built_dtypes`` (numbers were not
 compared). Credit, blame and removal follow the same rules.
+Dynamic shapes (``probe(..., dynamic=True)``, ``arbiter probe --dynamic``): each sample is
+traced with symbolic sizes (``make_fx(tracing_mode="symbolic")``: every size of 2 or more
+a symbol, equal sizes one symbol), compiled once by the backend as a symbolic partition
+(``arbiter.run.dynamic.Symbolic``: what arbiter does with a dynamic graph) and run at two
+sizes: the sample's own, and a second assignment of its symbols that satisfies the trace's
+guards, with inputs tiled from the sample's (``arbiter.shapes``); both are compared with
+eager ATen. A passing sample credits each op of its graph that read or wrote a symbolic
+tensor (``ProbeResult.dynamic_passed``); a failing one of a single op blames it
+(``dynamic_failed``). ``arbiter.probe.update.dynamic_update`` writes ``dynamic: true`` on
+the ops that passed, except those whose sample alone gave wrong numbers at some size (a
+silent error; an exception at a size is loud, and demotes the partition at run time)
+and those that failed alone and passed nowhere (``ProbeResult.dynamic_refused``).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 import re
 import sys
@@ -68,7 +81,7 @@ from torch.utils import _pytree as pytree
 from ..capability import tensor_descs
 from ..errors import ArbiterError, describe
 from ..manifest import DTYPES
-from ..ops import is_getitem, is_mutating, is_random, op_name, packet_name
+from ..ops import is_getitem, is_mutating, is_random, op_name, packet_name, reads_floating
 from ..registry import Backend
 from ..decompose import for_backend
 from ..run.verify import check_meta, compare, dtype_name, output_specs
@@ -84,7 +97,7 @@ class SampleResult:
     dtype: str
     ops: list[str]
     status: str  # passed | failed | skipped
-    stage: str = ""  # trace | compile | run | meta | numbers | eager (why not passed)
+    stage: str = ""  # trace | compile | run | meta | numbers | nonfinite | eager (why not)
     reason: str = ""
     max_error: Optional[float] = None
 
@@ -114,6 +127,24 @@ class ProbeResult:
     grad: bool = False  # backward graphs were probed (trace_grad_sample)
     # ops the backend's manifest decomposes that a sample held: op -> {dtype: status}
     decomposed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # dynamic probe: ops credited by a sample that passed at two sizes through one
+    # artifact, and ops whose sample alone failed (op -> why)
+    dynamic: bool = False
+    dynamic_passed: set = field(default_factory=set)
+    dynamic_failed: dict[str, str] = field(default_factory=dict)
+    # ops that passed only with the innermost sizes static: op -> the full failure
+    dynamic_partial: dict[str, str] = field(default_factory=dict)
+    # ops whose sample alone gave wrong numbers at some size (silent, unlike an
+    # exception, which demotes at run time): op -> why; they stay static
+    dynamic_wrong: dict[str, str] = field(default_factory=dict)
+
+    def dynamic_refused(self) -> dict[str, str]:
+        """Ops a dynamic probe keeps static: wrong numbers alone in some sample, or failed
+        alone and passed in none."""
+        out = {op: why for op, why in self.dynamic_failed.items()
+               if op not in self.dynamic_passed}
+        out.update(self.dynamic_wrong)
+        return out
 
     def wrong_outputs(self, op: str) -> dict[int, dict[str, str]]:
         """{output index: {dtype: why}} of ``op`` that differed from eager in a sample."""
@@ -121,7 +152,19 @@ class ProbeResult:
 
     def record(self, sample: "SampleResult", credit: Iterable[tuple[str, str]]) -> None:
         """Credit or blame for one run sample; ``credit``: the (op, dtype name) pairs of
-        the tensors each op of its graph read and wrote."""
+        the tensors each op of its graph read and wrote (dynamic probe: the ops that
+        read or wrote symbolic tensors, dtype names unused)."""
+        if self.dynamic:
+            if sample.status == "passed":
+                self.dynamic_passed |= {op for op, _ in credit}
+                if sample.stage == "innermost static" and len(sample.ops) == 1:
+                    self.dynamic_partial.setdefault(sample.ops[0], sample.reason)
+            elif sample.status == "failed" and len(sample.ops) == 1:
+                why = f"{sample.stage}: {sample.reason}"[:300]
+                self.dynamic_failed.setdefault(sample.ops[0], why)
+                if sample.stage == "numbers" or "differs from eager" in sample.reason:
+                    self.dynamic_wrong.setdefault(sample.ops[0], why)
+            return
         if sample.status == "passed":
             for op, dt in credit:
                 self.passed[op].add(dt)
@@ -145,6 +188,14 @@ class ProbeResult:
 
     def summary(self) -> str:
         c = self.counts()
+        if self.dynamic:
+            failed = list(self.dynamic_refused())
+            return (f"{self.backend} (dynamic shapes): {self.opinfos_done}/{self.opinfos_total} "
+                    f"OpInfos, {c['passed'] + c['failed']} samples run at two sizes "
+                    f"({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped) in "
+                    f"{self.elapsed_s:.0f} s; {len(self.dynamic_passed)} ops take symbols, "
+                    f"{len(failed)} ops kept static (failed alone)"
+                    f"{' (stopped at the time limit)' if self.stopped_early else ''}")
         failed_ops = [op for op in self.failed if op not in self.passed]
         dec = ""
         if self.decomposed:
@@ -226,8 +277,10 @@ def sample_fn(opinfo, sample):
     return fn, tensors
 
 
-def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
-    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample."""
+def trace_sample(opinfo, sample, decompositions: Optional[dict] = None,
+                 symbolic: bool = False, static_last: bool = False, duck: bool = True):
+    """(ATen graph returning a tuple, real input tensors) for one OpInfo sample;
+    ``symbolic``: sizes traced as symbols (``symbolic_inputs``; 0 and 1 stay static)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     call, tensors = sample_fn(opinfo, sample)
@@ -238,8 +291,33 @@ def trace_sample(opinfo, sample, decompositions: Optional[dict] = None):
             raise TypeError("the op returned no tensor")
         return flat
 
-    gm = make_fx(fn, tracing_mode="fake", decomposition_table=decompositions or {})(*tensors)
-    return gm, tensors
+    if not symbolic:
+        return make_fx(fn, tracing_mode="fake",
+                       decomposition_table=decompositions or {})(*tensors), tensors
+    return make_fx(fn, tracing_mode="symbolic", decomposition_table=decompositions or {})(
+        *symbolic_inputs(tensors, static_last, duck)), tensors
+
+
+def symbolic_inputs(tensors: Sequence[torch.Tensor], static_last: bool = False,
+                    duck: bool = True) -> list:
+    """Fake copies of ``tensors`` with a symbol for every size of 2 or more; equal sizes
+    share one ("duck" sizing, as Dynamo does: a sample's equal sizes are often meant
+    equal, such as the key and value lengths of attention, which no meta kernel checks);
+    ``static_last``: the innermost size of each stays static (a feature or head size,
+    fixed by weights in a model); ``duck=False``: a symbol per size."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    out = []
+    for t in tensors:
+        dims = [(DimDynamic.DUCK if duck else DimDynamic.DYNAMIC)
+                if n > 1 and not (static_last and d == t.dim() - 1)
+                else DimDynamic.STATIC for d, n in enumerate(t.shape)]
+        out.append(mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(
+            dynamic_sizes=dims)))
+    return out
 
 
 def trace_grad_sample(opinfo, sample):
@@ -327,10 +405,17 @@ def expose_outputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int]]:
     return added
 
 
-def _graph_ops(gm: torch.fx.GraphModule) -> tuple[list[torch.fx.Node], Optional[str]]:
+def _graph_ops(gm: torch.fx.GraphModule, allow_sizes: bool = False
+               ) -> tuple[list[torch.fx.Node], Optional[str]]:
+    """The ATen compute nodes of a sample's graph, or why it cannot be probed.
+    ``allow_sizes``: size computations (``sym_size``, ``operator.mul`` of sizes) are left
+    out rather than refused (a symbolic trace has them; arbiter runs them in place)."""
     nodes = []
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output", "get_attr") or is_getitem(n):
+            continue
+        if allow_sizes and isinstance(n.meta.get("val"), (torch.SymInt, torch.SymBool,
+                                                          torch.SymFloat, int, bool)):
             continue
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             return [], f"non-ATen node {n.format_node()[:80]}"
@@ -373,7 +458,105 @@ def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     cmp = compare(list(expected), list(got), tolerances)
     if not cmp.ok:
         return "failed", "numbers", cmp.detail, cmp.max_error
-    return "passed", "", "", cmp.max_error
+    found = probe_nonfinite(fn, gm, inputs, tolerances)
+    if "nan" in found:  # a NaN that vanishes or appears: refused (docs/robustness.md)
+        return "failed", "nonfinite", "; ".join(found.values()), None
+    # +-inf, -0.0 and huge values: reported, not refused (inf arithmetic, signed zeros
+    # and overflow inside composite formulas differ even between eager and Inductor)
+    note = "; ".join(found.values())
+    return "passed", "", f"not refused: {note}" if note else "", cmp.max_error
+
+
+#: The special values ``nonfinite_inputs`` writes, by kind.
+NONFINITE_KINDS = ("nan", "inf", "zero", "huge")
+
+
+def _specials(kind: str, dtype: torch.dtype) -> list[float]:
+    if kind == "nan":
+        return [math.nan]
+    if kind == "inf":
+        return [math.inf, -math.inf]
+    if kind == "zero":
+        return [-0.0]
+    huge = float(torch.finfo(dtype).max) / 4
+    return [huge, -huge]
+
+
+def nonfinite_inputs(inputs: Sequence[torch.Tensor],
+                     kinds: Sequence[str] = NONFINITE_KINDS,
+                     first_only: bool = False) -> Optional[list]:
+    """Copies of ``inputs`` whose floating tensors hold special values of ``kinds``: NaN,
+    +-inf, -0.0, and huge values of both signs (a quarter of the dtype's largest),
+    spread over the elements (so that a reduction's rows get different ones) and
+    shifted from one input to the next (so that a binary op meets NaN against a
+    number); None when no input gets any. ``first_only``: only the first floating
+    tensor (an OpInfo sample's input, not its weights). Deterministic."""
+    out, changed = [], False
+    for i, t in enumerate(inputs):
+        t = t.clone()
+        if t.is_floating_point() and t.numel() and not (first_only and changed):
+            specials = [v for k in kinds for v in _specials(k, t.dtype)]
+            r = i % len(specials)
+            specials = specials[r:] + specials[:r]
+            n = t.numel()
+            step = max(1, n // len(specials))
+            flat = t.detach().flatten().clone()
+            for k, v in enumerate(specials[:n]):
+                flat[(k * step + i) % n] = v
+            with torch.no_grad():
+                t.copy_(flat.view(t.shape))
+            changed = True
+        out.append(t)
+    return out if changed else None
+
+
+def probe_nonfinite(fn: Callable, gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
+                    tolerances: Optional[dict] = None) -> dict[str, str]:
+    """{kind: how ``fn`` (the backend's compiled ``gm``) differs from eager} when its
+    first floating input (the op's input, not its weights: a NaN weight at a padded
+    position is NaN in eager's convolution only) holds values of that kind
+    (``NONFINITE_KINDS``: NaN, +-inf, -0.0, huge; one kind at a time, so the reason says
+    which); empty when it does not. Eager failing on
+    them, or the backend raising, is not judged: a raise is loud at run time too (the
+    piece falls back); only a silent difference is (OpenVINO's exp(NaN) is inf,
+    maximum(NaN, 0) is 0: eager says NaN). Float -> integer conversions are not judged:
+    undefined for such values in eager too."""
+    if _converts_float_to_int(gm):
+        return {}
+    found: dict[str, str] = {}
+    for kind in NONFINITE_KINDS:
+        special = nonfinite_inputs(inputs, (kind,), first_only=True)
+        if special is None:
+            return {}
+        try:
+            with _quiet_warnings():
+                expected = list(gm(*[t.clone() for t in special]))
+        except Exception:  # noqa: BLE001 - eager refuses such inputs: nothing to compare
+            continue
+        try:
+            with _quiet_warnings():
+                got = list(fn(*[t.clone() for t in special]))
+        except Exception:  # noqa: BLE001 - loud at run time too
+            log.debug("non-finite inputs: the backend raised", exc_info=True)
+            continue
+        cmp = compare(expected, got, tolerances)
+        if not cmp.ok:
+            found[kind] = f"with {_KIND_NAMES[kind]} inputs: {cmp.detail}"
+    return found
+
+
+_KIND_NAMES = {"nan": "NaN", "inf": "+-inf", "zero": "-0.0", "huge": "huge"}
+
+
+def _converts_float_to_int(gm: torch.fx.GraphModule) -> bool:
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor) \
+                and not val.is_floating_point() and not val.is_complex() \
+                and val.dtype != torch.bool and reads_floating(n) \
+                and op_name(n.target).split(".")[1] in ("_to_copy", "to", "convert_element_type"):
+            return True
+    return False
 
 
 def probe_build(backend: Backend, gm: torch.fx.GraphModule,
@@ -434,16 +617,32 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
           dtypes: Sequence[str] = DEFAULT_DTYPES, limit_s: Optional[float] = None,
           progress: Optional[Callable[[ProbeResult, str], None]] = None,
           tolerances: Optional[dict] = None, build_only: bool = False,
-          grad: bool = False) -> ProbeResult:
+          grad: bool = False, dynamic: bool = False) -> ProbeResult:
     """Probe ``backend`` with OpInfo samples; see the module docstring. ``build_only``:
-    build each sample, do not run it. ``grad``: probe each sample's backward graph
+    build each sample, do not run it. ``dynamic``: probe symbolic shapes (two sizes
+    through one artifact) instead of dtypes. ``grad``: probe each sample's backward graph
     (OpInfos without a backward are left out)."""
+    if build_only and dynamic:
+        raise ValueError("probe: build_only and dynamic are exclusive (a dynamic probe runs "
+                         "each artifact at two sizes)")
+    if grad and (build_only or dynamic):
+        raise ValueError("probe: grad is exclusive with build_only and dynamic (backward "
+                         "graphs are probed with static shapes, run)")
     manifest = backend.manifest()
     result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
-                         list(dtypes), mode="build" if build_only else "run", grad=grad)
+                         list(dtypes), mode="build" if build_only else "run", dynamic=dynamic,
+                         grad=grad)
     infos = opinfos(ops)
     if grad:
         infos = [o for o in infos if o.supports_autograd]
+    if dynamic:  # overloads no OpInfo traces to (arbiter/probe/samples.py)
+        from .samples import samples_for
+
+        infos += samples_for(ops)
+    # a dynamic probe decomposes nothing: a backend's decompositions are traced for
+    # static shapes only (arbiter/decompose.py), so the planner never hands it a symbolic
+    # node of an op it wants decomposed
+    decomps: dict = {}
     result.opinfos_total = len(infos)
     start = time.perf_counter()
     for info in infos:
@@ -456,6 +655,10 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
             for dname in dtypes:
                 dtype = DTYPES[dname]
                 if dtype not in supported:
+                    continue
+                if dynamic:
+                    result.samples += _dynamic_samples(backend, manifest, info, label, dname,
+                                                       dtype, decomps, result, tolerances)
                     continue
                 result.samples.append(_one(backend, manifest, info, label, dname, dtype,
                                            result, tolerances))
@@ -542,6 +745,164 @@ def _one(backend, manifest, info, label, dname, dtype, result, tolerances) -> Sa
             dname, f"differs from eager ({label}): {why}"[:200])
         sample.reason += f"{'; ' if sample.reason else ''}unreturned output {k} of {op} wrong"
     return sample
+
+
+def _dynamic_samples(backend, manifest, info, label, dname, dtype, decomps, result,
+                     tolerances) -> list[SampleResult]:
+    """The OpInfo's samples (at most ``DYNAMIC_SAMPLES`` looked at, ``DYNAMIC_RUNS`` run)
+    traced with symbolic sizes, each run through one artifact at two sizes. A sample is
+    run when its trace has symbols, a second shape, and an op not yet passed: an
+    OpInfo's later samples reach other overloads (``sum.dim_IntList`` after
+    ``sum.default``). Every size of 2 or more is symbolic first; a sample that then has
+    no second shape (``layer_norm`` over a shape equal to its input's: one symbol,
+    pinned) or fails is traced again with the innermost size of each input static, as a
+    model's feature sizes are (``_innermost_static``). Returns the samples run, or the
+    reason the last one looked at was skipped."""
+    if _nondeterministic(info):
+        return [SampleResult(label, dname, [], "skipped", "nondeterministic",
+                             "outputs are uninitialized or random: nothing to compare")]
+    run: list[SampleResult] = []
+    last = SampleResult(label, dname, [], "skipped", "trace", "no sample")
+    for sample in _samples(info, dtype, DYNAMIC_SAMPLES):
+        if len(run) >= DYNAMIC_RUNS:
+            break
+        traced = None
+        for static_last, duck in _TRACINGS:
+            got = _trace_dynamic(backend, manifest, info, label, dname, sample, decomps,
+                                 result, static_last, duck)
+            if isinstance(got, SampleResult):
+                last = got
+                if got.stage in ("manifest", "covered", "trace", "validator"):
+                    break  # the same traced another way
+                continue
+            traced = (got, static_last or not duck)
+            break
+        if traced is None:
+            continue
+        (gm, inputs, names, credit), second_way = traced
+        status, stage, reason, err = probe_dynamic_sample(backend, gm, inputs, tolerances)
+        found = SampleResult(label, dname, names, status, stage, reason, err)
+        if status == "failed" and not second_way:
+            found = _innermost_static(backend, manifest, info, label, dname, sample, decomps,
+                                      result, found, tolerances) or found
+        result.record(found, credit)
+        run.append(found)
+    return run or [last]
+
+
+#: How a sample is traced with symbols, in order, until one has a second shape:
+#: (innermost sizes static, equal sizes one symbol). Duck sizing first (Dynamo's way);
+#: without it, a sample whose sizes are all 2 is not one symbol pinned by a fixed size.
+_TRACINGS = ((False, True), (True, True), (False, False))
+
+
+def _trace_dynamic(backend, manifest, info, label, dname, sample, decomps, result,
+                   static_last: bool, duck: bool = True):
+    """(graph, inputs, op names, credit) of one sample traced with symbols, or the
+    SampleResult saying why it is skipped."""
+    from ..shapes import input_values, second_assignment
+
+    try:
+        gm, inputs = trace_sample(info, sample, decomps, symbolic=True,
+                                  static_last=static_last, duck=duck)
+    except Exception as exc:  # noqa: BLE001 - data-dependent ops cannot trace symbolically
+        return SampleResult(label, dname, [], "skipped", "trace", describe(exc))
+    nodes, why = _graph_ops(gm, allow_sizes=True)
+    if why is not None:
+        return SampleResult(label, dname, [], "skipped", "trace", why)
+    names = sorted({op_name(n.target) for n in nodes})
+    missing = sorted({n for n in names if manifest.entry(n) is None})
+    if missing:
+        return SampleResult(label, dname, names, "skipped", "manifest",
+                            f"not in the manifest: {', '.join(missing[:5])}")
+    refused = _refused(backend, nodes)
+    if refused:
+        return SampleResult(label, dname, names, "skipped", "validator", refused)
+    memo: dict = {}
+    credit = {(op_name(n.target), dname) for n in nodes
+              if any(d.symbolic for d in tensor_descs(n, memo))}
+    if not credit:
+        return SampleResult(label, dname, names, "skipped", "static",
+                            "no symbolic size (sizes 0 and 1 stay static)")
+    if all(op in result.dynamic_passed for op, _ in credit):
+        return SampleResult(label, dname, names, "skipped", "covered",
+                            "every op already passed with symbols")
+    if second_assignment(input_values(gm), inputs) is None:
+        return SampleResult(label, dname, names, "skipped", "shapes",
+                            "the sample fixes its sizes: no second shape")
+    return gm, inputs, names, credit
+
+
+def _innermost_static(backend, manifest, info, label, dname, sample, decomps, result,
+                      failed: SampleResult, tolerances) -> Optional[SampleResult]:
+    """The sample again with the innermost size of each input static, after it failed
+    with every size symbolic: passing that way, the op takes symbols as models vary them
+    (batch, sequence, image size; a feature or head size is fixed by the weights), and
+    each partition's artifact is checked at a second shape anyway (run/dynamic.py). The
+    full failure stays in the sample's reason. None when it fails again or cannot run."""
+    got = _trace_dynamic(backend, manifest, info, label, dname, sample, decomps, result, True)
+    if isinstance(got, SampleResult):
+        return None
+    gm, inputs, _, _ = got
+    status, _, _, err = probe_dynamic_sample(backend, gm, inputs, tolerances)
+    if status != "passed":
+        return None
+    return SampleResult(failed.opinfo, failed.dtype, failed.ops, "passed", "innermost static",
+                        f"every size symbolic: {failed.stage}: {failed.reason}"[:300], err)
+
+
+#: OpInfo samples looked at, and run, per (OpInfo, dtype) by the dynamic probe.
+DYNAMIC_SAMPLES = 16
+DYNAMIC_RUNS = 6
+
+
+def _samples(opinfo, dtype: torch.dtype, limit: int):
+    """The OpInfo's first ``limit`` samples, less those of one element or fewer."""
+    torch.manual_seed(0)
+    for k, s in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=False)):
+        if k >= limit:
+            return
+        first = s.input[0] if isinstance(s.input, (list, tuple)) and s.input else s.input
+        if isinstance(first, torch.Tensor) and first.numel() > 1:
+            yield s
+
+
+def probe_dynamic_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                         tolerances: Optional[dict] = None) -> tuple[str, str, str, Optional[float]]:
+    """(status, stage, reason, max_error) for a symbolically traced sample: compiled once
+    (``run.dynamic.Symbolic``, which checks a second shape), then run at the sample's own."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from ..run.dynamic import ShapeError, Symbolic
+
+    args = [t.clone() for t in inputs]
+    try:
+        expected = gm(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - eager itself failed: no reference
+        return "skipped", "eager", describe(exc), None
+    try:
+        with _disable_current_modes(), _quiet_warnings():
+            fn = Symbolic(backend, tolerances).compile(gm, args)
+    except ShapeError as exc:
+        second = "second shape" in str(exc) and "cannot be checked" not in str(exc)
+        return ("failed" if second else "skipped"), "second shape" if second else "shapes", \
+            str(exc), None
+    except Exception as exc:  # noqa: BLE001
+        return "failed", "compile", describe(exc), None
+    try:
+        with _quiet_warnings():
+            got = fn(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001
+        return "failed", "run", describe(exc), None
+    specs = output_specs(gm)
+    if specs is not None:
+        why = check_meta(got, specs)
+        if why is not None:
+            return "failed", "meta", why, None
+    cmp = compare(list(expected), list(got), tolerances)
+    if not cmp.ok:
+        return "failed", "numbers", cmp.detail, cmp.max_error
+    return "passed", "", "", cmp.max_error
 
 
 def _refused(backend: Backend, nodes: Sequence[torch.fx.Node]) -> str:

@@ -30,6 +30,52 @@ def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
     return sorted(keep, key=order.index), sorted(probed, key=order.index)
 
 
+def dynamic_update(doc: dict, result: ProbeResult) -> dict:
+    """A manifest document updated with a dynamic probe's findings: ``dynamic: true`` on
+    the entries of ops that passed at two sizes through one artifact; ``dynamic: false``
+    on those it keeps static (``ProbeResult.dynamic_refused``); ``probe.dynamic_*``
+    records the run. Dtypes are not touched."""
+    ops: dict = dict(doc.get("ops") or {})
+    failed = result.dynamic_refused()
+    for op in sorted(result.dynamic_passed | set(failed)):
+        key = op if op in ops else packet_name(op)
+        if key not in ops:  # only the wildcard "*" took it: nothing to mark
+            continue
+        # an overload's own entry (a packet's entry speaks for every overload)
+        ops[op] = {**dict(ops[key] or {}), "dynamic": op not in failed}
+    out = dict(doc)
+    out["ops"] = dict(sorted(ops.items()))
+    c = result.counts()
+    prev = dict(doc.get("probe") or {})
+    same = (prev.get("torch") == str(result.torch_version)
+            and prev.get("backend_version") == str(result.backend_version))
+    run = f"{result.opinfos_done}/{result.opinfos_total}"
+    kept_failed = {op: why for op, why in (prev.get("dynamic_failed") or {}).items()
+                   if op not in result.dynamic_passed}
+    probe = {**prev,
+             "date": datetime.date.today().isoformat(),
+             "torch": str(result.torch_version),
+             "backend_version": str(result.backend_version),
+             "dynamic_opinfos": f"{prev['dynamic_opinfos']} + {run}"
+             if same and prev.get("dynamic_opinfos") else run,
+             "dynamic_samples_passed": (prev.get("dynamic_samples_passed", 0) if same else 0)
+             + c["passed"],
+             "dynamic_samples_failed": (prev.get("dynamic_samples_failed", 0) if same else 0)
+             + c["failed"],
+             "dynamic_failed": dict(sorted({**kept_failed, **failed}.items())),
+             "dynamic_partial": dict(sorted({
+                 **{op: why for op, why in (prev.get("dynamic_partial") or {}).items()
+                    if op not in failed and op not in result.dynamic_passed},
+                 **{op: why for op, why in result.dynamic_partial.items()
+                    if op not in failed}}.items()))}
+    if not same:  # the dtype record belongs to other versions: start it again
+        for k in ("dtypes_tried", "opinfos", "samples_passed", "samples_failed",
+                  "samples_skipped"):
+            probe.pop(k, None)
+    out["probe"] = probe
+    return out
+
+
 def manifest_update(doc: dict, result: ProbeResult) -> dict:
     """A manifest document (as loaded from YAML) updated with a probe's findings (see the
     module docstring). Applying the same result twice, or results of disjoint ``--ops``
@@ -117,6 +163,8 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
     }
+    if same:  # a dynamic probe's record (dynamic_update) on the same versions stays
+        out["probe"].update({k: v for k, v in prev.items() if k.startswith("dynamic_")})
     return out
 
 
@@ -146,7 +194,8 @@ def write_manifest(path, result: ProbeResult, out=None) -> str:
     path = Path(path)
     text = path.read_text()
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
-    doc = manifest_update(yaml.safe_load(text) or {}, result)
+    update = dynamic_update if result.dynamic else manifest_update
+    doc = update(yaml.safe_load(text) or {}, result)
     body = yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
     new = header + body
     parse_manifest(new, str(path), backend=result.backend)  # never write what cannot load

@@ -19,9 +19,13 @@ from ..plan.partition import Partition, Plan
 from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
+from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .model import (FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    PatternReport, RefusalReport, RuleReport, TensorReport,
+                    PatternReport, RefusalReport, RuleReport, SymbolReport, TensorReport,
                     WeightEventReport)
+
+#: Above this share of a graph's compute in eager because of shapes, the report warns.
+SHAPE_EAGER_WARN = 0.1
 
 
 def _shape(t: torch.Tensor) -> list[Any]:
@@ -278,7 +282,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
             graph_input_bytes=sum(t.bytes or 0 for t in inputs if t.source == "graph input"),
             constant_bytes=sum(t.bytes or 0 for t in inputs if t.source == "constant"),
             bytes_out=sum(t.bytes or 0 for t in outputs),
-            inline=backends[p.backend].inline_aten if p.backend in backends else False))
+            inline=backends[p.backend].inline_aten if p.backend in backends else False,
+            shapes=_shapes(rec, backends), specializations=rec.specializations))
     refusals: Counter = Counter()
     for node, sup in g.plan.support.items():
         if is_getitem(node):
@@ -293,6 +298,12 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         else:
             planned[x.planned_backend] += x.nodes
     o = g.outcome
+    share = shape_eager_share(g, backends)
+    warnings = []
+    if share > SHAPE_EAGER_WARN:
+        warnings.append(f"{share:.0%} of this graph's compute runs in eager because of "
+                        "symbolic shapes (see the refusals and fallbacks saying "
+                        f"'{SHAPES_REASON}')")
     return GraphReport(
         graph_id=g.graph_id, kind=g.kind, model=str(g.owner),
         nodes=sum(x.nodes for x in parts), partitions=parts,
@@ -310,4 +321,35 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
         graph=node_reports(g.plan),
         rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy),
-        patterns=pattern_reports(g.plan, {x.id: x.backend for x in parts if x.compiled}))
+        patterns=pattern_reports(g.plan, {x.id: x.backend for x in parts if x.compiled}),
+        symbols=[SymbolReport(name=r.name, min=r.min, max=r.max, sources=list(r.sources),
+                              data_dependent=r.data_dependent) for r in g.symbols.values()],
+        frame=g.frame[0] if g.frame else None, recompile=g.frame[1] if g.frame else 0,
+        shape_eager_share=round(share, 4), warnings=warnings)
+
+
+def _shapes(rec, backends: Mapping[str, Backend]) -> str:
+    backend = backends.get(rec.backend)
+    if backend is not None and backend.inline_aten:
+        return "eager"
+    return rec.shapes
+
+
+def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
+    """Share of the graph's tensor compute nodes that run in eager because of symbolic
+    shapes: planned there because a backend refused them for their shapes, or in a
+    partition that fell back to eager for a reason about shapes."""
+    total = shaped = 0
+    for p in g.plan.partitions:
+        rec = g.records.get(p.id)
+        running = rec.backend if rec is not None and rec.backend else p.backend
+        eager = running in backends and backends[running].inline_aten
+        fell = bool(rec and rec.fallbacks and about_shapes(rec.fallbacks[-1].reason))
+        for n in p.nodes:
+            if is_getitem(n) or not tensors_in(n.meta.get("val")):
+                continue
+            total += 1
+            if eager and (fell or any(about_shapes(r)
+                                      for r in g.plan.support[n].refusals.values())):
+                shaped += 1
+    return shaped / total if total else 0.0

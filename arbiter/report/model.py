@@ -72,6 +72,10 @@ class PartitionReport(BaseModel):
     bytes_out: int = Field(0, description="bytes produced for other partitions or the output")
     inline: bool = Field(False, description="runs as ATen nodes inside the stitched graph "
                                             "(eager); timed only as part of the whole call")
+    shapes: str = Field("static", description="`static`; with symbolic shapes: `symbolic` "
+                        "(one artifact for every size) or `per shape` (compiled per concrete "
+                        "shape); `eager` when it runs in eager")
+    specializations: int = Field(0, description="`per shape`: shapes compiled so far")
 
 
 class RefusalReport(BaseModel):
@@ -154,6 +158,15 @@ class PatternReport(BaseModel):
     compiled: bool = False
     whole: bool = Field(False, description="run as one unit by a backend that claimed it "
                         "(else op by op)")
+class SymbolReport(BaseModel):
+    """One symbolic dimension of a graph's inputs (Dynamo's dynamic shapes)."""
+
+    name: str = Field(description="the symbol, as in partitions' shapes (`s77`)")
+    min: int
+    max: Optional[int] = Field(None, description="null: unbounded")
+    sources: list[str] = Field(default_factory=list,
+                               description="the user's inputs carrying it (`x.size(0)`)")
+    data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
 
 
 class GraphReport(BaseModel):
@@ -200,6 +213,14 @@ class GraphReport(BaseModel):
     measure_confident: Optional[bool] = Field(
         None, description="policy measure: whether the winner's timings were apart from "
                           "every other candidate's (its upper quartile below their lower)")
+    symbols: list[SymbolReport] = Field(default_factory=list,
+                                        description="symbolic dimensions and their ranges")
+    frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
+    recompile: int = Field(0, description="0: the frame's first compile; n: its n-th "
+                           "recompile (new shapes, or guards that failed)")
+    shape_eager_share: float = Field(0.0, description="share of the graph's tensor "
+                                     "compute nodes run in eager because of symbolic shapes")
+    warnings: list[str] = Field(default_factory=list)
 
 
 class BackendStatus(BaseModel):
@@ -270,13 +291,15 @@ class Report(BaseModel):
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)
+        recompiles = len({(g.frame, g.recompile) for g in self.graphs if g.recompile})
+        shaped = f"; recompiles: {recompiles}" if recompiles else ""
         breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
         return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
                 f"{ran}: {share or '-'}; "
-                f"fallbacks: {falls}{breaks}")
+                f"fallbacks: {falls}{shaped}{breaks}")
 
     def __str__(self) -> str:
         return render_text(self)
@@ -310,6 +333,12 @@ def render_text(report: Report) -> str:
             lines.append(f"  weights changed: {e.reason}: {e.action}")
         for m in g.patterns:
             lines.append(f"  pattern {pattern_line(m)}")
+        if g.symbols:
+            lines.append("  symbolic: " + ", ".join(
+                f"{s.name} in [{s.min}, {'inf' if s.max is None else s.max}]"
+                + (f" ({', '.join(s.sources)})" if s.sources else "") for s in g.symbols))
+        for w in g.warnings:
+            lines.append(f"  warning: {w}")
         for p in g.partitions:
             ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
                             for k, v in sorted(p.ops.items()))
@@ -319,6 +348,9 @@ def render_text(report: Report) -> str:
             else:
                 where, moved = p.planned_backend, " (planned, not compiled)"
             ctime = f", compiled in {p.compile_s:.2f} s" if p.compile_s else ""
+            if p.shapes not in ("static", "eager"):
+                ctime += f", {p.shapes}" + (f" x{p.specializations}"
+                                           if p.shapes == "per shape" else "")
             lines.append(f"  #{p.id:<3} {where:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
             for f in p.fallbacks:
                 lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "

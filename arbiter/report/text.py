@@ -121,6 +121,13 @@ def _graph_tables(report: Report, g: GraphReport):
         yield f"  [yellow]weights changed[/yellow]: {_e(e.reason)}: {_e(e.action)}"
     for m in g.patterns:
         yield _e(f"  pattern {pattern_line(m)}")
+    if g.symbols:  # dynamic shapes (docs/design.md)
+        yield _e("  symbolic: " + ", ".join(
+            f"{s.name} in [{s.min}, {'inf' if s.max is None else s.max}]"
+            + (f" ({', '.join(s.sources)})" if s.sources else "") for s in g.symbols)
+            + (f"; recompile {g.recompile} of its frame" if g.recompile else ""))
+    for w in g.warnings:
+        yield f"  [yellow]warning[/yellow]: {_e(w)}"
     for p in g.partitions:
         for f in p.fallbacks:
             yield (f"  [yellow]fallback[/yellow] partition {p.id} at {f.stage}: "

@@ -11,6 +11,11 @@ metadata says which graph inputs are static (parameters and buffers lifted by Dy
 which the graph mutates; static, unmutated inputs are bound to the real tensors Dynamo
 passed us, so backends such as ONNX Runtime can fold and prepack them. Training graphs
 keep weights as inputs, since the optimizer changes them between calls.
+
+With dynamic shapes the graph also computes sizes: Dynamo's SymInt inputs combined by
+``operator.mul`` and friends, right before their first use. They are moved to the top
+(``hoist_size_arithmetic``), so the partitioner sees them ready before any compute node
+and does not cut a backend's run in two around them.
 """
 from __future__ import annotations
 
@@ -89,6 +94,37 @@ def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any],
     return out
 
 
+def hoist_size_arithmetic(gm: torch.fx.GraphModule) -> int:
+    """Move nodes that compute a size from the graph's inputs alone (no tensor math:
+    ``s0 * s1``, ``sym_size(x, 0)`` of an input) right after the placeholders, keeping
+    their order. Returns how many moved."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if not placeholders:
+        return 0
+    anchor = placeholders[-1]
+    ready = set(placeholders)
+    moved = 0
+    for n in nodes:
+        if n.op != "call_function" or n in ready:
+            continue
+        val = n.meta.get("val")
+        if not isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)) or \
+                not all(i in ready for i in n.all_input_nodes):
+            continue
+        if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+            continue
+        if anchor.next is not n:
+            anchor.append(n)
+            moved += 1
+        anchor = n
+        ready.add(n)
+    if moved:
+        gm.graph.lint()
+        gm.recompile()
+    return moved
+
+
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: GraphCompiler,
           *, decompositions: dict, freeze_weights: bool) -> Callable:
     """Run AOTAutograd on a Dynamo graph; ``compile_graph`` gets each ATen graph."""
@@ -107,6 +143,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
         return compile_one
 
     def _compile_one(kind: str, fx_g: torch.fx.GraphModule):
+        hoist_size_arithmetic(fx_g)
         freeze = kind == "inference" and freeze_weights
         constants = frozen_inputs(fx_g, real_inputs, names) if freeze else {}
         return make_boxed_func(compile_graph(fx_g, kind, constants))

@@ -11,6 +11,7 @@ report reads: the report shows what actually ran, never what was planned.
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from ..decompose import for_backend
 from ..errors import describe
 from ..ops import output_values
 from ..registry import Backend
+from .isolation import tracing_in_this_thread
 from .verify import check_meta, compare, output_specs
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class PieceRecord:
     verify_checks: int = 0  # accuracy checks against eager ATen (config `verify`)
     verify_max_error: Optional[float] = None
     fallbacks: list[Fallback] = field(default_factory=list)
+    shapes: str = "static"  # or "symbolic" (one artifact), "per shape" (run.dynamic)
+    specializations: int = 0  # shapes compiled, when "per shape"
 
 
 def _compile_lock():
@@ -80,6 +84,104 @@ def _compile_lock():
 
 
 _COMPILE_LOCK = None
+
+
+class CompileTimeout(Exception):
+    """A backend's compile did not finish within the config's ``compile_timeout_s``."""
+
+
+def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
+             timeout: Optional[float]) -> Callable:
+    """``backend.compile(gm, args)``, the nodes its manifest wants decomposed decomposed
+    for it alone (arbiter/decompose.py: the next backends and eager get ``gm`` as it is);
+    with a ``timeout``, in a helper thread waited for at most that long (CompileTimeout
+    after).
+
+    Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
+    thread, holding what it holds, and its result is dropped. The helper thread gets the
+    caller's grad and inference modes and context variables (the cache's record of the
+    entries a compile used); it has no dispatch mode, like the caller's compile under
+    ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
+    a backend that takes that lock itself would wait for it, and time out."""
+    def build() -> Callable:  # the decomposition is traced (make_fx) like the compile
+        return backend.compile(for_backend(gm, backend), args)
+
+    if timeout is None:
+        with tracing_in_this_thread():  # torch's tracing state stays in this thread
+            return build()
+    ctx = contextvars.copy_context()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    result: dict = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
+                    tracing_in_this_thread():
+                result["fn"] = ctx.run(build)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            result["exc"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, daemon=True,
+                              name=f"arbiter-compile-{backend.name}")
+    worker.start()
+    if not done.wait(timeout):
+        raise CompileTimeout(f"{backend.name} did not finish compiling within "
+                             f"{timeout:g} s (compile_timeout_s); its thread is left "
+                             "running and its result will be dropped")
+    if "exc" in result:
+        raise result["exc"]
+    return result["fn"]
+
+
+def _snapshot(args: Sequence[Any]) -> list:
+    """Copies of the tensor arguments (same strides where the layout allows)."""
+    return [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _restore(args: Sequence[Any], before: Sequence[Any]) -> None:
+    """Write the copies back into the arguments a backend changed."""
+    for a, b in zip(args, before):
+        if isinstance(a, torch.Tensor) and not _same_bits(a, b):
+            try:
+                with torch.no_grad():
+                    a.copy_(b)
+            except RuntimeError:  # an expanded (overlapping) input cannot be written
+                log.debug("cannot restore an input", exc_info=True)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN equals the same NaN, -0.0 differs from 0.0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    try:
+        return torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8),
+                           b.detach().reshape(-1).contiguous().view(torch.uint8))
+    except RuntimeError:  # a layout without a byte view (sparse...)
+        return bool(torch.equal(a, b))
+
+
+def _shared_buffers(first: Any, second: Any) -> Optional[tuple[int, int]]:
+    """(i, j) when output j of the second call shares memory with output i of the
+    first, else None."""
+    def spans(outs):
+        found = []
+        for k, t in enumerate(outs if isinstance(outs, (list, tuple)) else ()):
+            if isinstance(t, torch.Tensor) and t.numel() and t.layout == torch.strided:
+                st = t.untyped_storage()
+                found.append((k, st.data_ptr(), st.data_ptr() + st.nbytes(), t.device))
+        return found
+
+    earlier = spans(first)
+    for j, lo, hi, dev in spans(second):
+        for i, lo1, hi1, dev1 in earlier:
+            if dev == dev1 and lo < hi1 and lo1 < hi:
+                return i, j
+    return None
 
 
 def _evict(loaded: Sequence[tuple], why: str) -> None:
@@ -118,19 +220,24 @@ class Piece:
     Every call of a compiled backend is checked against the partition's traced output
     metadata (count, shape, dtype, device: a few comparisons per output); a mismatch
     demotes the piece like an exception does. With ``verify`` (the config's
-    ``VerifyOptions``), chosen calls also run the ATen graph in eager on the same inputs
-    and compare (``arbiter.run.verify.compare``); a mismatch demotes the piece (stage
-    ``verify``) and that call returns eager's result.
+    ``VerifyOptions``), chosen calls copy the inputs first, check that the backend did
+    not write into them nor reuse its output buffers (a second call), run the ATen graph
+    in eager on the copies and compare (``arbiter.run.verify.compare``); a failure
+    demotes the piece (stage ``verify``) and that call returns eager's result.
     """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
-                 backends: Sequence[Backend], graph_label: str, verify: Any = None):
+                 backends: Sequence[Backend], graph_label: str, verify: Any = None,
+                 compile_timeout_s: Optional[float] = None):
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
-        self._level = -1
+        # (level in the chain, callable): one attribute, published only when the level's
+        # callable is ready, so a thread never pairs a level with another level's callable
+        # (it once ran the ATen graph while another thread's export had swapped its
+        # constants for fake tensors: FakeTensor results, docs/robustness.md)
+        self._current: tuple[int, Callable] = (-1, gm)
         self._lock = threading.Lock()
-        self._fn: Callable = gm
         self.__name__ = f"partition_{record.partition_id}_{record.planned}"
         self.__qualname__ = self.__name__
         self.__module__ = __name__
@@ -145,6 +252,12 @@ class Piece:
         self._verify_pending = False  # verify `first`: the next call is checked
         self.timed = False  # set by a timed run (the report's per-partition times)
         self._served: list = []  # cache entries the current backend was compiled from
+        self._compile_timeout = compile_timeout_s
+
+    @property
+    def _fn(self) -> Callable:
+        """The callable of the current level (bench/ reads it)."""
+        return self._current[1]
 
     def __call__(self, *args: Any) -> Any:
         if self.timed:
@@ -156,18 +269,24 @@ class Piece:
         return self._call(*args)
 
     def _call(self, *args: Any) -> Any:
-        if self._level < 0:
+        if self._current[0] < 0:
             with _compile_lock(), self._lock:
-                if self._level < 0:
+                if self._current[0] < 0:
                     self._advance(args, None)
         while True:
-            level, fn = self._level, self._fn
+            level, fn = self._current
             backend = self._backends[level]
             if backend.inline_aten:
                 return fn(*args)  # eager ATen: its errors are the model's own
+            due = self._verify_mode != "off" and self._due()
+            # verified calls: the reference is computed from the inputs as they were
+            # before the backend ran (it might write into them)
+            before = _snapshot(args) if due else None
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+                if before is not None:
+                    _restore(args, before)
                 self._demote_from(level, "run", describe(exc), args)
                 continue  # retry: the graphs are functional, the failed call changed nothing
             if self._specs is not None:
@@ -176,10 +295,12 @@ class Piece:
                     self._device_checks -= 1
                 why = check_meta(out, self._specs, devices)
                 if why is not None:
+                    if before is not None:
+                        _restore(args, before)
                     self._demote_from(level, "run", f"wrong output: {why}", args)
                     continue
-            if self._verify_mode != "off" and self._due():
-                expected = self._verify(level, args, out)
+            if before is not None:
+                expected = self._verify(level, fn, args, before, out)
                 if expected is not None:
                     return expected
             return self._restrided(out)
@@ -208,31 +329,60 @@ class Piece:
         self._since_compile = n + 1
         return n % self._verify_every == 0
 
-    def _verify(self, level: int, args: Sequence[Any], out: Any) -> Optional[list]:
-        """Compare ``out`` with eager ATen; on a mismatch demote and return eager's."""
-        expected = list(self.gm(*args))
-        cmp = compare(expected, list(out), self._tolerances)
+    def _verify(self, level: int, fn: Callable, args: Sequence[Any], before: list,
+                out: Any) -> Optional[list]:
+        """Check a verified call; on a failure demote and return eager's result.
+
+        ``before`` holds copies of the inputs taken before the backend ran: the reference
+        is eager ATen on them, so a backend writing into its inputs cannot change the
+        reference. Checked in order: the inputs were not written (they are restored if
+        they were: eager nodes after this partition read them); a second call does not
+        return the first call's buffers (a result the user holds would change under
+        them); the numbers match eager within tolerance."""
         rec = self.record
         rec.verify_checks += 1
-        if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
-            rec.verify_max_error = cmp.max_error
-        if cmp.ok:
-            return None
-        self._demote_from(level, "verify", f"differs from eager: {cmp.detail}", args)
+        why = None
+        again = None
+        try:
+            again = fn(*args)  # a second call on the same inputs: are buffers reused?
+        except Exception as exc:  # noqa: BLE001 - a backend failure demotes the piece
+            why = f"failed on a second call with the same inputs ({describe(exc)})"
+        written = [k for k, (a, b) in enumerate(zip(args, before))
+                   if isinstance(a, torch.Tensor) and not _same_bits(a, b)]
+        if written:
+            _restore(args, before)
+            why = (f"wrote into its input{'s' if len(written) > 1 else ''} "
+                   f"{', '.join(map(str, written))} (partition inputs are read-only)")
+        elif why is None:
+            shared = _shared_buffers(out, again)
+            if shared is not None:
+                why = (f"returns the same output buffer on every call (output {shared[1]} of "
+                       f"a second call is output {shared[0]} of the first): results the "
+                       "caller holds would change")
+        expected = list(self.gm(*before))
+        if why is None:
+            cmp = compare(expected, list(out), self._tolerances)
+            if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
+                rec.verify_max_error = cmp.max_error
+            if cmp.ok:
+                return None
+            why = f"differs from eager: {cmp.detail}"
+        self._demote_from(level, "verify", why, args)
         return expected
 
     # -- compile and demote --------------------------------------------------------
     def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
         """Compile the next backend of the chain that compiles; must hold the locks."""
         start = time.perf_counter()
+        level = self._current[0]
         while True:
-            self._level += 1
-            backend = self._backends[self._level]
+            level += 1
+            backend = self._backends[level]
             if failure is not None:
                 frm, stage_reason = failure
                 self._note(frm, backend.name, *stage_reason)
             if backend.inline_aten:
-                self._fn = self.gm
+                fn = self.gm
                 break
             loaded: list = []  # persistent-cache entries the compile used
             try:
@@ -242,12 +392,11 @@ class Piece:
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes(), served() as loaded:
-                    # the nodes its manifest wants decomposed, decomposed for it alone
-                    self._fn = backend.compile(for_backend(self.gm, backend), list(args))
+                    fn = _compile(backend, self.gm, list(args), self._compile_timeout)
                 self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
-                attach = getattr(self._fn, "attach_record", None)
+                attach = getattr(fn, "attach_record", None)
                 if attach is not None:
                     attach(self.record)
                 log.info("%s partition %d: compiled with %s in %.2f s", self._label,
@@ -262,11 +411,12 @@ class Piece:
         self._verify_pending = not backend.inline_aten
         self.record.backend = backend.name
         self.record.compile_s += time.perf_counter() - start
+        self._current = (level, fn)
 
     def _demote_from(self, level: int, stage: str, reason: str, args: Sequence[Any]) -> None:
         """Move past the backend at ``level``, unless another thread already did."""
         with _compile_lock(), self._lock:
-            if self._level == level:
+            if self._current[0] == level:
                 failed = self._backends[level].name
                 # kept, a cached artifact that failed would fail in every later process
                 _evict(self._served, f"{failed} failed to {stage} with it ({reason})")

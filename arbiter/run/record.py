@@ -4,6 +4,7 @@ runtime (``measured`` installs a choice, ``freeze`` re-freezes), read by the rep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
@@ -24,6 +25,8 @@ class GraphRecord:
     weight_events: list[WeightEvent] = field(default_factory=list)
     weights_as_inputs: bool = False  # frozen weights changed too often: now inputs
     owner: Owner = UNKNOWN  # the compiled model it belongs to (run/owner.py)
+    symbols: dict = field(default_factory=dict)  # name -> shapes.SymbolRange (inputs' symbols)
+    frame: Optional[tuple[int, int]] = None  # Dynamo's (frame id, compile index of that frame)
 
     @property
     def constants(self) -> int:

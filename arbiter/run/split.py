@@ -7,6 +7,13 @@ The stitched graph keeps the original placeholders and output, runs inline (eage
 partitions' ATen nodes in place, and calls every other partition through one
 ``call_function`` node followed by ``getitem``s: FX generates straight-line Python for
 it, so stitching costs one Python call per partition and nothing per eager node.
+
+Symbolic sizes cross boundaries as ints (SymInt placeholders, and the size arithmetic
+Dynamo leaves as ``operator.mul`` nodes, which run inline). A partition reads what it can
+from its own tensor inputs instead (``aten.sym_size.int``), so exporters see one named
+dimension per symbol rather than an int input they must relate to it; a symbol no tensor
+input carries bare (only inside ``s0*s1``) comes in as the graph's own SymInt input, the
+one whose raw expression is that symbol (Inductor binds symbols by it).
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..shapes import expr as size_expr, free_symbols, is_symbolic
 from ..plan.partition import Partition, Plan
 
 
@@ -72,8 +80,141 @@ def extract(plan: Plan, partition: Partition,
             outputs.append(node)
     out = graph.output(tuple(env[n] for n in outputs))
     out.meta["val"] = tuple(n.meta.get("val") for n in outputs)
+    if any(is_symbolic(n.meta.get("val")) for n in inputs):
+        inputs = _symbolic_inputs(graph, inputs, src.graph)
     gm = torch.fx.GraphModule(root, graph, class_name=f"Partition{partition.id}")
     return Subgraph(partition, gm, inputs, outputs)
+
+
+def _symbolic_inputs(graph: torch.fx.Graph, inputs: list[torch.fx.Node],
+                     outer: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Rewrite a cut partition's symbolic inputs (see the module docstring); returns its
+    inputs (nodes of the outer graph) in the new placeholder order."""
+    phs = [n for n in graph.nodes if n.op == "placeholder"]
+    src_of = dict(zip(phs, inputs))
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    for p in phs:  # placeholders first, in input order (exporters expect it)
+        if first is not None:
+            first.prepend(p)
+    sites: dict = {}  # symbol -> (tensor placeholder, dim)
+    for p in phs:
+        v = p.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                e = size_expr(size)
+                if e.is_Symbol and e not in sites:
+                    sites[e] = (p, d)
+    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    for p in phs:
+        v = p.meta.get("val")
+        if not isinstance(v, torch.SymInt) or anchor is None:
+            continue
+        e = size_expr(v)
+        if e.is_number or not e.free_symbols <= set(sites):
+            continue
+        try:
+            with graph.inserting_before(anchor):
+                new = _emit(graph, e, sites)
+        except NotImplementedError:
+            continue
+        if isinstance(new, torch.fx.Node):
+            new.meta["val"] = v
+        p.replace_all_uses_with(new)
+        graph.erase_node(p)
+        del src_of[p]
+    # symbols no input carries bare: bring the outer graph's SymInt input for each
+    kept = [p for p in phs if p in src_of]
+    bare = {size_expr(p.meta["val"]): p for p in kept
+            if isinstance(p.meta.get("val"), torch.SymInt) and size_expr(p.meta["val"]).is_Symbol}
+    needed = free_symbols(p.meta.get("val") for p in kept)
+    outer_ints = _outer_symbol_inputs(outer)
+    last = kept[-1] if kept else None
+    for sym in sorted(needed - set(sites), key=str):
+        src = outer_ints.get(sym)
+        old = bare.get(sym)
+        if src is None or (old is not None and _raw(old.meta["val"]) == sym):
+            continue
+        if src in src_of.values():
+            continue
+        if last is None:
+            with graph.inserting_before(anchor):
+                new = graph.placeholder(src.name)
+        else:
+            with graph.inserting_after(last):
+                new = graph.placeholder(src.name)
+        new.meta = dict(src.meta)
+        last = new
+        src_of[new] = src
+        if old is not None:  # same symbol, but bound under another raw name: replace it
+            old.replace_all_uses_with(new)
+            graph.erase_node(old)
+            del src_of[old]
+    graph.lint()
+    return [src_of[p] for p in graph.nodes if p.op == "placeholder"]
+
+
+def _raw(value: torch.SymInt):
+    return value.node._expr
+
+
+def _outer_symbol_inputs(outer: torch.fx.Graph) -> dict:
+    """symbol -> a placeholder of the outer graph that is that symbol, preferring one
+    whose raw (unreplaced) expression is the symbol itself."""
+    found: dict = {}
+    for n in outer.nodes:
+        if n.op != "placeholder" or not isinstance(n.meta.get("val"), torch.SymInt):
+            continue
+        v = n.meta["val"]
+        e = size_expr(v)
+        if not e.is_Symbol:
+            continue
+        if e not in found or (_raw(found[e].meta["val"]) != e and _raw(v) == e):
+            found[e] = n
+    return found
+
+
+def _emit(graph: torch.fx.Graph, e, sites: dict):
+    """FX nodes computing the sympy expression ``e`` from tensor placeholders' sizes."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        p, d = sites[e]
+        node = graph.call_function(torch.ops.aten.sym_size.int, (p, d))
+        node.meta["val"] = p.meta["val"].shape[d]
+        return node
+    if isinstance(e, (sympy.Mul, sympy.Add)):
+        op = operator.mul if isinstance(e, sympy.Mul) else operator.add
+        out = None
+        for a in e.args:
+            x = _emit(graph, a, sites)
+            out = x if out is None else _binary(graph, op, out, x)
+        return out
+    if isinstance(e, FloorDiv):
+        return _binary(graph, operator.floordiv, _emit(graph, e.args[0], sites),
+                       _emit(graph, e.args[1], sites))
+    if isinstance(e, (Mod, PythonMod)):
+        return _binary(graph, operator.mod, _emit(graph, e.args[0], sites),
+                       _emit(graph, e.args[1], sites))
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        base = _emit(graph, e.base, sites)
+        out = base
+        for _ in range(int(e.exp) - 1):
+            out = _binary(graph, operator.mul, out, base)
+        return out
+    raise NotImplementedError(f"size expression {e}")
+
+
+def _binary(graph: torch.fx.Graph, op, a, b):
+    if not isinstance(a, torch.fx.Node) and not isinstance(b, torch.fx.Node):
+        return op(a, b)
+    node = graph.call_function(op, (a, b))
+    va = a.meta["val"] if isinstance(a, torch.fx.Node) else a
+    vb = b.meta["val"] if isinstance(b, torch.fx.Node) else b
+    node.meta["val"] = op(va, vb)
+    return node
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
