@@ -125,9 +125,10 @@ class Arbiter:
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             max_specializations=self.config.shapes.max_specializations,
+            random=self.config.random,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights", "manifests", "shapes"}))
+                "decompositions", "freeze_weights", "manifests", "shapes", "random"}))
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order

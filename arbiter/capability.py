@@ -39,6 +39,9 @@ NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+#: with the config's ``random: backend``, a backend that cannot draw its own
+NO_RANDOM = ("draws random numbers, and this backend does not draw its own (random: "
+             "backend gives them to backends that do)")
 NO_OUTPUT = "returns nothing (a runtime assert on sizes: runs in place)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 _PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
@@ -123,9 +126,12 @@ class CapabilityTable:
 
     def __init__(self, backends: Sequence[Backend], *, exclude_ops: Sequence[str] = (),
                  pin: Optional[dict[str, str]] = None, unavailable: Optional[dict[str, str]] = None,
-                 max_specializations: int = 8):
+                 max_specializations: int = 8, random: str = "eager"):
         # `backends` is the chain, in order; the last one runs ATen in place and takes all.
         self.backends = list(backends)
+        # "eager": random ops run in place (eager's RNG stream); "backend": they go to
+        # backends that draw their own (``Backend.draws_random``), like any op
+        self.random = random
         self.max_specializations = max_specializations  # 0: no per-shape compiles
         self.fallback_name = self.backends[-1].name
         self.exclude = frozenset(exclude_ops)
@@ -143,13 +149,14 @@ class CapabilityTable:
             kind = self._kinds[target] = self._kind(node)
         if kind is _PER_NODE:
             kind = (("random", target), RANDOM) if is_random(node) else _COMPUTE
-        if kind is _COMPUTE:
+        random = self.random == "backend" and kind is not _COMPUTE and kind[1] is RANDOM
+        if kind is _COMPUTE or random:
             if produces_tensor(node):
                 descs = tensor_descs(node, memo)
-                key = (target, descs)
+                key = (target, descs, True) if random else (target, descs)
                 hit = self._cache.get(key)
                 if hit is None:
-                    hit = self._evaluate(node, op_name(target), descs)
+                    hit = self._evaluate(node, op_name(target), descs, random)
                     # Validators look at the node itself (argument values), so only cache
                     # the answer when no backend has a validator for this op.
                     if not self._has_validator(op_name(target)):
@@ -220,7 +227,10 @@ class CapabilityTable:
                 for b in self.backends)
         return hit
 
-    def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple) -> NodeSupport:
+    def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple,
+                  random: bool = False) -> NodeSupport:
+        """``random``: the node draws random numbers (``random: backend``): only backends
+        that draw their own may take it."""
         candidates: list[str] = []
         per_shape: dict[str, str] = {}
         refusals: dict[str, str] = {}
@@ -234,6 +244,9 @@ class CapabilityTable:
                 continue
             if excluded:
                 refusals[backend.name] = "excluded by the config's exclude_ops"
+                continue
+            if random and not backend.draws_random:
+                refusals[backend.name] = NO_RANDOM
                 continue
             why = self._refuse(backend, node, name, descs)
             # (a decomposed node has no entry of its own; its decomposition is traced

@@ -216,6 +216,14 @@ class Config(BaseModel):
                                           "every backend (a backend's manifest "
                                           "`decompositions:` applies only to the nodes it "
                                           "takes)")
+    random: Literal["eager", "backend"] = Field(
+        "eager", description="where ops that draw random numbers (dropout, rand, bernoulli) "
+        "run. `eager` (the default): in place, in graph order, so a compiled model draws "
+        "exactly what eager PyTorch draws from torch's generator (bit-equal training runs, "
+        "reproducible with `torch.manual_seed`), at the price of a partition cut at every "
+        "dropout. `backend`: like any op, on a backend that draws its own random numbers "
+        "on every call (Inductor, as under `torch.compile`): the same distribution "
+        "(keep rate, scaling), not the same numbers; `verify` skips partitions that draw")
     manifests: dict[str, str] = Field(
         default_factory=dict, description="backend -> a capability manifest file to use "
                                           "instead of the shipped one (`arbiter probe "

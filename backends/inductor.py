@@ -180,6 +180,9 @@ class Inductor(Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
+    # its random ops (dropout...) draw on every call with seeds taken from torch's
+    # default generator at that call (inductor_seeds), as under torch.compile
+    draws_random = True
 
     @property
     def validators(self) -> dict:
