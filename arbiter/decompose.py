@@ -56,8 +56,8 @@ def table(names: Iterable[str]) -> dict:
 
     ops = [resolve_op(n) for n in names]
     out = get_decompositions(ops)
-    for op, fn in extra().items():
-        if op not in out and (op in ops or op.overloadpacket in ops):
+    for op, fn in extra().items():  # arbiter's own win: PyTorch's may produce prims
+        if op in ops or op.overloadpacket in ops:
             out[op] = fn
     return out
 
@@ -66,7 +66,108 @@ def extra() -> dict:
     """Decompositions arbiter adds where PyTorch's table (``torch._decomp``) has none:
     {OpOverload: function}. Each returns ``NotImplemented`` where it does not apply
     (the node then stays whole, and the backend that asked refuses it)."""
-    return {torch.ops.aten.convolution_backward.default: _convolution_backward}
+    return {torch.ops.aten.convolution_backward.default: _convolution_backward,
+            torch.ops.aten.var_mean.correction: _var_mean,
+            torch.ops.aten.squeeze.dims: _squeeze_dims,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+                _flash_attention_for_cpu,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+                _flash_attention_for_cpu_backward}
+
+
+def _squeeze_dims(x, dims):
+    """``squeeze.dims`` as a ``view`` (PyTorch's decomposition ends in
+    ``prims.squeeze``): the named dimensions of size 1 dropped."""
+    rank = max(x.dim(), 1)
+    drop = {d % rank for d in ([dims] if isinstance(dims, int) else dims)}
+    shape = [s for i, s in enumerate(x.shape) if not (i in drop and s == 1)]
+    return torch.ops.aten.view.default(x, shape)
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """``var_mean`` as ATen reductions (PyTorch's decomposition ends in ``prims.var``,
+    which no exporter takes): the mean, then the mean-centred sum of squares divided by
+    the element count less ``correction`` (1 when None). Training batch norm's batch
+    statistics come through it."""
+    aten = torch.ops.aten
+    if not x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        dims = list(range(x.dim()))
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = [d % max(x.dim(), 1) for d in dims]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    c = 1 if correction is None else correction
+    if not dims or n - c < 0:
+        return NotImplemented
+    centred = aten.sub.Tensor(x, aten.mean.dim(x, dims, True))
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centred, centred), dims,
+                                                 keepdim), n - c)
+    return var, aten.mean.dim(x, dims, keepdim)
+
+
+def _attention_scores(query, key, is_causal, scale):
+    """S = q k^T * scale, -inf above the diagonal when causal (top-left aligned, as the
+    CPU flash kernel does; no row is fully masked); None where that does not apply
+    (other than 4-d, grouped heads, not floating point)."""
+    aten = torch.ops.aten
+    if query.dim() != 4 or key.shape[1] != query.shape[1] or not query.is_floating_point():
+        return None
+    length, source = query.shape[2], key.shape[2]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    s = aten.mul.Scalar(aten.matmul.default(query, aten.transpose.int(key, -2, -1)), scale)
+    if is_causal:
+        allowed = aten.tril.default(aten.ones.default([length, source], dtype=torch.bool,
+                                                      device=query.device))
+        s = aten.masked_fill.Scalar(s, aten.logical_not.default(allowed), float("-inf"))
+    return s
+
+
+def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *,
+                             attn_mask=None, scale=None):
+    """``_scaled_dot_product_flash_attention_for_cpu`` as matmuls and a softmax, with
+    its real ``logsumexp`` (batch, heads, length): PyTorch's decomposition returns the
+    attention matrix in its place, which a training step's backward reads (the
+    "invalid dimensions for output" ONNX Runtime failed with). Without dropout and an
+    explicit mask only (else the op stays whole)."""
+    aten = torch.ops.aten
+    if dropout_p != 0.0 or attn_mask is not None:
+        return NotImplemented
+    s = _attention_scores(query, key, is_causal, scale)
+    if s is None:
+        return NotImplemented
+    top = aten.max.dim(s, -1, True)[0]
+    lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
+        aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
+    probs = aten.exp.default(aten.sub.Tensor(s, lse))
+    return aten.matmul.default(probs, value), aten.view.default(lse, list(lse.shape[:-1]))
+
+
+def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp,
+                                      dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                                      scale=None):
+    """Its backward from the saved ``logsumexp``, as the kernel computes it: P = exp(S -
+    lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
+    dK = dS^T Q * scale."""
+    aten = torch.ops.aten
+    if dropout_p != 0.0 or attn_mask is not None:
+        return NotImplemented
+    s = _attention_scores(query, key, is_causal, scale)
+    if s is None:
+        return NotImplemented
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    probs = aten.exp.default(aten.sub.Tensor(s, aten.unsqueeze.default(logsumexp, -1)))
+    grad_value = aten.matmul.default(aten.transpose.int(probs, -2, -1), grad_out)
+    dp = aten.matmul.default(grad_out, aten.transpose.int(value, -2, -1))
+    d = aten.sum.dim_IntList(aten.mul.Tensor(grad_out, out), [-1], True)
+    ds = aten.mul.Tensor(probs, aten.sub.Tensor(dp, d))
+    grad_query = aten.mul.Scalar(aten.matmul.default(ds, key), scale)
+    grad_key = aten.mul.Scalar(aten.matmul.default(aten.transpose.int(ds, -2, -1), query),
+                               scale)
+    return grad_query, grad_key, grad_value
 
 
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
@@ -245,10 +346,22 @@ def _trace(node: torch.fx.Node, decomps: dict) -> Any:
     where = {n: k for k, n in enumerate(inputs)}
     target = node.target
 
+    want = node.meta.get("val")
+
     def fn(*ts):
         args, kwargs = pytree.tree_unflatten(
             [ts[where[a]] if isinstance(a, torch.fx.Node) else a for a in flat], spec)
-        return target(*args, **kwargs)
+        out = target(*args, **kwargs)
+        # the node's users (views) rely on its outputs' strides: the decomposition's
+        # outputs are given the node's layout where it differs
+        if isinstance(out, torch.Tensor) and isinstance(want, torch.Tensor):
+            return _restride(out, want)
+        if isinstance(out, (tuple, list)) and isinstance(want, (tuple, list)) \
+                and len(out) == len(want):
+            return type(out)(_restride(o, w) if isinstance(o, torch.Tensor)
+                             and isinstance(w, torch.Tensor) else o
+                             for o, w in zip(out, want))
+        return out
 
     mode = FakeTensorMode()
     try:
@@ -263,6 +376,26 @@ def _trace(node: torch.fx.Node, decomps: dict) -> Any:
     if any(m.target is target for m in ops):
         return "its decomposition keeps the op itself"
     return gm
+
+
+def _restride(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out with ``like``'s strides (dense, a permutation of a contiguous
+    layout): permute, make contiguous, permute back. Raises when ``like``'s layout is not
+    such a permutation (the node is then not decomposed)."""
+    if tuple(t.shape) != tuple(like.shape) or _same_layout(t, like):
+        return t
+    order = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], d))
+    back = [order.index(d) for d in range(like.dim())]
+    out = t.permute(order).contiguous().permute(back)
+    if not _same_layout(out, like):
+        raise NotDecomposable("its decomposition's output has other strides than the op's, "
+                              f"{tuple(t.stride())} for {tuple(like.stride())}")
+    return out
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides on every dimension of size above 1."""
+    return all(n <= 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
 
 
 def _inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:

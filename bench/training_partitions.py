@@ -4,8 +4,9 @@ backend, nodes left to eager, first-step time, and the gradients checked against
 Compares ONNX Runtime's manifest with and without its `decompositions:` (without: what
 the backward graphs got before per-backend decompositions, arbiter/decompose.py) under a
 config (default: the shipped `default`, ONNX Runtime then Inductor). Models: the demo's
-GPT-2 (`gpt2_tiny`, 2 layers) and a BERT-style encoder (transformers' BertModel, hidden
-256, 4 layers; `--seq`, `--batch`), both in train mode (dropout on).
+GPT-2 (`gpt2_tiny`, 2 layers), a BERT-style encoder (transformers' BertModel, hidden
+256, 4 layers; `--seq`, `--batch`), `mobilenet_v2` (96x96, batch 4) and `resnet18` (64x64,
+batch 8), all in train mode (dropout on, batch norm with batch statistics).
 
     .venv/bin/python bench/training_partitions.py [--models gpt2_tiny bert] [--config default]
 """
@@ -39,9 +40,38 @@ def bert(seq: int = 128, batch: int = 8):
         (torch.randint(0, 1000, (batch, seq)),)
 
 
+def mobilenet_v2(size: int = 96, batch: int = 4):
+    """transformers' MobileNet-v2 (random weights), its last hidden state."""
+    from transformers import MobileNetV2Config, MobileNetV2Model
+
+    from arbiter.cli.examples import _HFOutput
+
+    torch.manual_seed(0)
+    model = MobileNetV2Model(MobileNetV2Config(image_size=size), add_pooling_layer=False)
+    return _HFOutput(model, "pixel_values", "last_hidden_state"), \
+        (torch.randn(batch, 3, size, size),)
+
+
+def resnet18(size: int = 64, batch: int = 8):
+    """ResNet-18 (transformers' ResNet, basic blocks 2-2-2-2), its pooled features."""
+    from transformers import ResNetConfig, ResNetModel
+
+    from arbiter.cli.examples import _HFOutput
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                       layer_type="basic", embedding_size=64)
+    return _HFOutput(ResNetModel(cfg), "pixel_values", "pooler_output"), \
+        (torch.randn(batch, 3, size, size),)
+
+
 def load(name: str, seq: int, batch: int):
     if name == "bert":
         return bert(seq, batch)
+    if name == "mobilenet_v2":
+        return mobilenet_v2()
+    if name == "resnet18":
+        return resnet18()
     from arbiter.cli.examples import load_model
 
     return load_model(name)
