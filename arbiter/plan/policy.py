@@ -69,6 +69,9 @@ class PolicyOutcome:
     spread_ms: dict[str, list[float]] = field(default_factory=dict)  # label -> [q1, q3] ms
     rounds: int = 0  # interleaved timing rounds of the whole-graph candidates
     confident: Optional[bool] = None  # the winner's timings apart from every other's
+    # distributed (torch.distributed, world > 1): "measured here, broadcast" on rank 0,
+    # "from rank 0" on the others; "" when not distributed
+    broadcast: str = ""
 
 
 @dataclass

@@ -213,6 +213,11 @@ class GraphReport(BaseModel):
     measure_confident: Optional[bool] = Field(
         None, description="policy measure: whether the winner's timings were apart from "
                           "every other candidate's (its upper quartile below their lower)")
+    measure_broadcast: str = Field(
+        "", description="policy measure under torch.distributed (world size > 1): "
+                        "`rank 0: broadcast` on rank 0, which decides (measured or from its "
+                        "cache) and broadcasts; `from rank 0` on the others, which install "
+                        "rank 0's decision untimed; empty when not distributed")
     symbols: list[SymbolReport] = Field(default_factory=list,
                                         description="symbolic dimensions and their ranges")
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
