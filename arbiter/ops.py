@@ -131,12 +131,28 @@ def nonfinite_validators(table: dict[str, str], backend: str) -> dict:
         def check(node: torch.fx.Node) -> Optional[str]:
             if reads_floating(node):
                 return (f"{how} on {backend} (eager differs; refused on floating inputs "
-                        f"unless the backend option exact_nonfinite is false)")
+                        f"while the backend option exact_nonfinite is true)")
             return None
         check.__name__ = f"nonfinite_{op.replace('.', '_')}"
         return check
 
     return {op: make(op, how) for op, how in table.items()}
+
+
+def nonfinite_nodes(gm: torch.fx.GraphModule, checks: dict) -> list[str]:
+    """The ops of ``gm`` that ``checks`` (from ``nonfinite_validators``) would refuse:
+    what a backend computes unlike eager when an input holds NaN or inf. A backend whose
+    ``exact_nonfinite`` is ``guard`` names them (``Backend.nonfinite_guard``), and the
+    partition then checks its inputs on every call (arbiter/run/piece.py)."""
+    out = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = op_name(node.target)
+        check = checks.get(name) or checks.get(packet_name(name))
+        if check is not None and check(node) is not None:
+            out.add(name)
+    return sorted(out)
 
 
 def is_mutating(node: torch.fx.Node) -> bool:

@@ -118,6 +118,14 @@ class Backend:
         (a kernel's size limits, a mode). ``match`` is an ``arbiter.plan.patterns.Match``."""
         return None
 
+    def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
+        """The ops of ``gm`` this backend computes unlike eager when an input holds NaN
+        or inf, and takes anyway on the condition that the partition's inputs are
+        checked on every call (a call with a non-finite input then runs in eager ATen);
+        [] when nothing needs the check. Backends with an ``exact_nonfinite`` option
+        answer while it is ``guard``."""
+        return []
+
     def version(self) -> str:
         return torch.__version__
 

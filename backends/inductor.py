@@ -14,15 +14,17 @@ ShapeEnv while compiling are checked per call by ``arbiter.run.dynamic``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from arbiter.errors import require_known, unknown_name
 from arbiter.ops import nonfinite_validators
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
+
+from ._nonfinite import ExactNonfinite
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +36,11 @@ class InductorOptions(BaseModel):
                            "max-autotune-no-cudagraphs"]] = Field(
         None, description="torch.compile mode (the max-autotune modes turn on "
         "`max_autotune`)")
-    exact_nonfinite: bool = Field(
-        True, description="refuse the ops whose results differ from eager when an input "
-        "holds NaN (measured by `arbiter probe`: grid_sample, multi_margin_loss). false: "
-        "compile them anyway")
+    exact_nonfinite: Union[StrictBool, Literal["guard"]] = Field(
+        True, description="ops whose results differ from eager when an input holds NaN "
+        "(measured by `arbiter probe`: grid_sample, multi_margin_loss). true: refused; "
+        "`guard`: taken, and a partition holding one checks its floating inputs on every "
+        "call and runs a call with NaN or inf in eager; false: taken, unchecked")
     trusted_options: list[str] = Field(
         default_factory=list, description="keys of `options` you allow although they name "
         "programs, paths or flags Inductor runs or loads (one by one: only write this in a "
@@ -165,29 +168,27 @@ def _type_name(tp) -> str:
 
 #: Ops whose results differ from eager when an input holds NaN (torch 2.13 Inductor,
 #: CPU, float32; `arbiter probe inductor --dtypes float32`, 2026-11-23). Refused on
-#: floating inputs unless `exact_nonfinite` is false. Differences that need +-inf or huge
-#: inputs (gelu, batch and group norm, linear upsampling, remainder with inf; acosh of
-#: huge values) are reported by the probe, not refused (docs/robustness.md).
+#: floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked
+#: per call). Differences that need +-inf or huge inputs (gelu, batch and group norm,
+#: linear upsampling, remainder with inf; acosh of huge values) are reported by the
+#: probe, not refused (docs/robustness.md).
 _NONFINITE = {
     "aten.grid_sampler_2d": "grid_sample with NaN differs",
     "aten.multi_margin_loss": "multi_margin_loss with NaN differs",
 }
-_EXACT = nonfinite_validators(_NONFINITE, "inductor")
+_NONFINITE_CHECKS = nonfinite_validators(_NONFINITE, "inductor")
 
 
 @register_backend
-class Inductor(Backend):
+class Inductor(ExactNonfinite, Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
+    own_validators = {}
+    nonfinite_checks = _NONFINITE_CHECKS
     # its random ops (dropout...) draw on every call with seeds taken from torch's
     # default generator at that call (inductor_seeds), as under torch.compile
     draws_random = True
-
-    @property
-    def validators(self) -> dict:
-        """The non-finite validators unless ``exact_nonfinite`` is off."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) else {}
 
     def compile(self, gm, example_inputs):
         from torch._inductor import config as inductor_config

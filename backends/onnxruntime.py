@@ -18,16 +18,17 @@ Runtime and handed over as a tensor.
 from __future__ import annotations
 
 import logging
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,12 @@ class OrtOptions(BaseModel):
         require_known("execution provider", v, onnxruntime.get_all_providers())
         return v
     optimize_export: bool = Field(True, description="run onnxscript's optimizer on export")
-    exact_nonfinite: bool = Field(
-        True, description="refuse the ops whose results differ from eager when an input "
-        "holds NaN (measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is "
-        "x, heaviside(NaN, y) is 1...). false: run them on ONNX Runtime anyway")
+    exact_nonfinite: Union[StrictBool, Literal["guard"]] = Field(
+        True, description="ops whose results differ from eager when an input holds NaN "
+        "(measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is x, "
+        "heaviside(NaN, y) is 1...). true: refused; `guard`: taken, and a partition holding "
+        "one checks its floating inputs on every call and runs a call with NaN or inf in "
+        "eager; false: taken, unchecked")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
@@ -104,10 +107,10 @@ _VALIDATORS = {
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
-#: on floating inputs unless `exact_nonfinite` is false. Differences that need +-inf,
-#: -0.0 or huge inputs (gelu(inf) is inf where eager says NaN, group norm, upsampling and
-#: fft with inf, signbit(-0.0), logaddexp2 and hardswish of huge values) are reported by
-#: the probe, not refused (docs/robustness.md).
+#: on floating inputs while `exact_nonfinite` is true (under `guard` taken, inputs checked
+#: per call). Differences that need +-inf, -0.0 or huge inputs (gelu(inf) is inf where
+#: eager says NaN, group norm, upsampling and fft with inf, signbit(-0.0), logaddexp2 and
+#: hardswish of huge values) are reported by the probe, not refused (docs/robustness.md).
 _NONFINITE = {
     "aten.sign": "sign(NaN) is NaN (eager: 0)",
     "aten.clamp_min.Tensor": "clamp_min(NaN, x) is x",
@@ -117,20 +120,17 @@ _NONFINITE = {
     "aten.angle": "angle(NaN) is 0",
     "aten.grid_sampler_2d": "grid_sample with NaN differs",
 }
-_EXACT = {**nonfinite_validators(_NONFINITE, "onnxruntime"), **_VALIDATORS}
+_NONFINITE_CHECKS = nonfinite_validators(_NONFINITE, "onnxruntime")
 
 
 @register_backend
-class OnnxRuntime(Backend):
+class OnnxRuntime(ExactNonfinite, Backend):
     name = "onnxruntime"
     color = "#4e79a7"  # fixed in every report (arbiter/report/html.py)
     Options = OrtOptions
     install_hint = "pip install 'torch-arbiter[onnxruntime]'"
-
-    @property
-    def validators(self) -> dict:
-        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
+    own_validators = _VALIDATORS
+    nonfinite_checks = _NONFINITE_CHECKS
 
     def available(self) -> tuple[bool, str]:
         try:

@@ -26,16 +26,17 @@ shapes are computed per call from the input sizes, as for ONNX Runtime.
 from __future__ import annotations
 
 import logging
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
+from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
 
 log = logging.getLogger(__name__)
@@ -57,12 +58,15 @@ class OvOptions(BaseModel):
         "the CPUs this process may run on (more is reduced, with a warning)")
     performance_hint: Literal["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"] = Field(
         "LATENCY", description="PERFORMANCE_HINT")
-    exact_nonfinite: bool = Field(
-        True, description="refuse the ops whose results differ from eager when their "
-        "inputs hold NaN, inf, -0.0 or huge values (measured by `arbiter probe`, which "
-        "feeds those: relu(NaN) and maximum(NaN, 0) are 0, exp(NaN) is inf, NaN > x is "
-        "true, softmax of a row with NaN is 0; eager says NaN or false). false: run them "
-        "on OpenVINO anyway (faster placement, but a NaN can vanish)")
+    exact_nonfinite: Union[StrictBool, Literal["guard"]] = Field(
+        "guard", description="ops whose results differ from eager when their inputs hold "
+        "NaN (measured by `arbiter probe`, which feeds those: relu(NaN) and maximum(NaN, 0) "
+        "are 0, exp(NaN) is inf, NaN > x is true, softmax of a row with NaN is 0; eager "
+        "says NaN or false). `guard` (default): taken, and a partition holding one checks "
+        "its floating inputs on every call and runs a call with NaN or inf in eager (a NaN "
+        "arising inside the partition, or in its weights, is not caught); true: refused "
+        "(exact, but ResNet-50 under cpu_all splits into 42 partitions); false: taken, "
+        "unchecked")
     device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
                         "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
                         "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
@@ -147,7 +151,8 @@ def _full_variance(node) -> Optional[str]:
 #: Ops whose results differ from eager when an input holds NaN (openvino 2026.4, CPU,
 #: float32; `arbiter probe openvino --dtypes float32`, which feeds NaN, +-inf, -0.0 and
 #: huge values one kind at a time, and single values by hand, 2026-11-23): a NaN vanishes
-#: or appears. Refused on floating inputs unless `exact_nonfinite` is false. Differences
+#: or appears. Refused on floating inputs while `exact_nonfinite` is true (under `guard`,
+#: the default, taken with the partition's inputs checked per call). Differences
 #: that need +-inf, -0.0 or huge inputs (fmod, remainder, atan2(-0.0, x), logsigmoid of a
 #: huge value, bilinear upsampling and batch norm with inf...) are reported by the probe,
 #: not refused (docs/robustness.md); float -> integer conversions are undefined there.
@@ -187,7 +192,7 @@ def _to_bool(node) -> Optional[str]:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor) and val.dtype == torch.bool and reads_floating(node):
         return ("a float -> bool conversion: bool(NaN) is false on openvino (eager: true); "
-                "refused unless the backend option exact_nonfinite is false")
+                "refused while the backend option exact_nonfinite is true")
     return None
 
 
@@ -195,21 +200,17 @@ _VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": 
                "aten.concatenate.default": _cat_of_legacy_empty,
                "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
                "aten.var_mean.correction": _full_variance}
-_EXACT = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool,
-          **_VALIDATORS}
+_NONFINITE_CHECKS = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool}
 
 
 @register_backend
-class OpenVino(Backend):
+class OpenVino(ExactNonfinite, Backend):
     name = "openvino"
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-
-    @property
-    def validators(self) -> dict:
-        """Its own validators, plus the non-finite ones unless ``exact_nonfinite`` is off."""
-        return _EXACT if getattr(self.options, "exact_nonfinite", True) else _VALIDATORS
+    own_validators = _VALIDATORS
+    nonfinite_checks = _NONFINITE_CHECKS
 
     def available(self) -> tuple[bool, str]:
         try:

@@ -2,7 +2,9 @@
 
 OpenVINO computes exp(NaN) as inf and maximum(NaN, 0) as 0 (eager: NaN); under cpu_all
 that went unnoticed. `arbiter probe` now feeds NaN, +-inf, -0.0 and huge values, and the
-backends refuse (validators, option `exact_nonfinite`) the ops that lose or invent a NaN.
+backends refuse (validators, option `exact_nonfinite: true`) the ops that lose or invent
+a NaN, or take them and check each call's inputs (`exact_nonfinite: guard`, OpenVINO's
+default): a call with NaN or inf in an input runs in eager.
 """
 from __future__ import annotations
 
@@ -114,15 +116,63 @@ def test_probe_openvino_relu_on_nan():
     (lambda x: torch.where(x * 2.0 > 0, x, 0.0) + 1.0, "aten.gt"),
 ], ids=["exp", "maximum", "relu", "clamp", "gt"])
 def test_openvino_keeps_eagers_nan(fn, op, fresh_dynamo):
-    """exp(NaN) was inf and maximum(NaN, 0) was 0 on OpenVINO, unnoticed."""
+    """exp(NaN) was inf and maximum(NaN, 0) was 0 on OpenVINO, unnoticed. With
+    `exact_nonfinite: true` the op is refused, and the report says why."""
     pytest.importorskip("openvino")
     x = torch.tensor([[NAN, 1.0, -2.0, math.inf], [0.5, -math.inf, -0.0, 3.0]])
-    be = arbiter.Arbiter({"backends": ["openvino"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": [{"name": "openvino",
+                                        "options": {"exact_nonfinite": True}}],
+                          "min_block_size": 1})
     out = torch.compile(fn, backend=be)(x)
     torch.testing.assert_close(out, fn(x), equal_nan=True)
     text = str(be.report())
     assert op in text and "exact_nonfinite" in text
     assert any(p.backend == "openvino" for p in _parts(be))  # the rest still runs there
+
+
+@pytest.mark.parametrize("fn,op", [
+    (lambda x: torch.exp(x) * 2.0 + 1.0, "aten.exp"),
+    (lambda x: torch.relu(x * 2.0) + 1.0, "aten.relu"),
+    (lambda x: torch.where(x * 2.0 > 0, x, 0.0) + 1.0, "aten.gt"),
+], ids=["exp", "relu", "gt"])
+def test_openvino_guard_runs_nonfinite_calls_in_eager(fn, op, fresh_dynamo):
+    """The default `exact_nonfinite: guard`: the whole function runs on OpenVINO; a call
+    whose input holds NaN or inf runs in eager (eager's answer), and the report counts it;
+    finite calls stay on OpenVINO."""
+    pytest.importorskip("openvino")
+    be = arbiter.Arbiter({"backends": ["openvino"], "min_block_size": 1})
+    compiled = torch.compile(fn, backend=be)
+    finite = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(finite), fn(finite))
+    bad = torch.tensor([[NAN, 1.0, -2.0, math.inf], [0.5, -math.inf, -0.0, 3.0]])
+    torch.testing.assert_close(compiled(bad), fn(bad), equal_nan=True)
+    torch.testing.assert_close(compiled(finite * 3), fn(finite * 3))
+    parts = _parts(be)
+    assert [p.backend for p in parts] == ["openvino"]
+    assert op in " ".join(parts[0].nonfinite_guard) and parts[0].nonfinite_eager_calls == 1
+    assert "NaN/inf" in str(be.report())
+
+
+def test_openvino_guard_off_loses_the_nan(fresh_dynamo):
+    """What the guard prevents, shown with it off: OpenVINO's relu(NaN) is 0."""
+    pytest.importorskip("openvino")
+    fn = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    be = arbiter.Arbiter({"backends": [{"name": "openvino",
+                                        "options": {"exact_nonfinite": False}}],
+                          "min_block_size": 1})
+    out = torch.compile(fn, backend=be)(torch.tensor([NAN, 1.0]))
+    assert not torch.isnan(out[0])  # eager: NaN
+    assert not _parts(be)[0].nonfinite_guard
+
+
+def test_all_finite_check():
+    from arbiter.run.piece import _all_finite
+
+    big = torch.full((8,), 3e38)  # finite, but its sum overflows: checked element-wise
+    assert _all_finite([big, torch.arange(3), (torch.ones(2),)])
+    assert not _all_finite([torch.ones(2), [torch.tensor([1.0, NAN])]])
+    assert not _all_finite([torch.tensor([-math.inf, 1.0]).half()])
+    assert _all_finite([torch.empty(0), 3.0, None])
 
 
 def test_openvino_exact_nonfinite_off_runs_them_there(fresh_dynamo):
@@ -138,7 +188,8 @@ def test_openvino_exact_nonfinite_off_runs_them_there(fresh_dynamo):
 
 def test_validators_refuse_only_floating_inputs():
     pytest.importorskip("openvino")
-    be = arbiter.get_backend_class("openvino")()
+    cls = arbiter.get_backend_class("openvino")
+    be = cls(cls.Options(exact_nonfinite=True))
     gm = trace(lambda a, b: (torch.maximum(a, b), torch.maximum(a.float(), b.float())),
                torch.arange(4), torch.arange(4))
     maxes = [n for n in gm.graph.nodes if n.op == "call_function"

@@ -233,9 +233,13 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
              f"{p.run_s / total:.0%}" if total and p.calls else "-",
              f"{p.copies} + {p.restride_copies} restride",
-             (f"{p.verify_checks}x, max err {p.verify_max_error:.1e}"
-              if p.verify_max_error is not None else f"{p.verify_checks}x")
-             if p.verify_checks else "-",
+             "; ".join(filter(None, [
+                 (f"{p.verify_checks}x, max err {p.verify_max_error:.1e}"
+                  if p.verify_max_error is not None else f"{p.verify_checks}x")
+                 if p.verify_checks else "",
+                 (f"NaN/inf guard ({', '.join(p.nonfinite_guard)}): "
+                  f"{p.nonfinite_eager_calls} calls in eager") if p.nonfinite_guard else ""]))
+             or "-",
              ", ".join(f"{b} {ms:.3f}" for b, ms in p.measured_ms.items()) or "-",
              "; ".join(f"{f.stage}: {f.from_backend} -> {f.to_backend}: {f.reason}"
                        for f in p.fallbacks) or "-"] for p in g.partitions]) + "</details>")

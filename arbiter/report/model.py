@@ -58,6 +58,11 @@ class PartitionReport(BaseModel):
     restride_copies: int = Field(0, description="outputs copied into the traced layout")
     verify_checks: int = Field(0, description="accuracy checks against eager ATen")
     verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
+    nonfinite_guard: list[str] = Field(
+        default_factory=list, description="ops its backend computes unlike eager on NaN or "
+        "inf inputs, taken under `exact_nonfinite: guard`: every call checks the inputs")
+    nonfinite_eager_calls: int = Field(0, description="calls run in eager ATen because an "
+                                       "input held NaN or inf (`exact_nonfinite: guard`)")
     measured_ms: dict[str, float] = Field(default_factory=dict,
                                           description="backend -> median ms, where measured")
     inputs: list[TensorReport] = Field(default_factory=list,
@@ -357,6 +362,9 @@ def render_text(report: Report) -> str:
                 ctime += f", {p.shapes}" + (f" x{p.specializations}"
                                            if p.shapes == "per shape" else "")
             lines.append(f"  #{p.id:<3} {where:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
+            if p.nonfinite_guard:
+                lines.append(f"       NaN/inf inputs run in eager ({', '.join(p.nonfinite_guard)} "
+                             f"differ there): {p.nonfinite_eager_calls} calls so far")
             for f in p.fallbacks:
                 lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "
                              f"{f.to_backend}: {f.reason}")

@@ -110,6 +110,11 @@ def _graph_tables(report: Report, g: GraphReport):
         notes = []
         if p.copies or p.restride_copies:
             notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
+        if p.nonfinite_guard:
+            notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
+                         f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
+                         + (f", {p.nonfinite_eager_calls} calls ran in eager"
+                            if p.nonfinite_eager_calls else ""))
         if p.verify_checks:
             err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
             notes.append(f"verified {p.verify_checks}x against eager{err}")

@@ -85,6 +85,9 @@ class Symbolic:
         self.name = backend.name
         self.tolerances = tolerances
 
+    def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
+        return self.backend.nonfinite_guard(gm)
+
     def compile(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
         values = input_values(gm)
         second = second_assignment(values, args)
@@ -239,6 +242,9 @@ class PerShape:
         self.name = backend.name
         self.limit = limit
         self.label = label
+
+    def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
+        return self.backend.nonfinite_guard(gm)
 
     def compile(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
         return Specialized(self.backend, gm, args, self.limit, self.label)
