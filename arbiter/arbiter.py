@@ -127,10 +127,11 @@ class Arbiter:
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             max_specializations=self.config.shapes.max_specializations,
+            random=self.config.random,
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
                 "decompositions", "freeze_weights", "manifests", "shapes", "accuracy",
-                "policy"}))
+                "policy", "random"}))
         self._lowered_verify = None
         if self.config.accuracy is not None and not dry_run:
             self._add_variants()
@@ -142,11 +143,9 @@ class Arbiter:
         # when weights are re-frozen are freed with their sessions and weights
         self._pieces: weakref.WeakSet[Piece] = weakref.WeakSet()
         self._timed = False
-        names = list(self.config.decompositions)
-        for name, backend in self.backends.items():
-            if name not in self.unavailable:
-                names += [d for d in backend.manifest().decompositions if d not in names]
-        self._decompositions = decomposition_table(names)
+        # The config's decompositions apply to the whole graph, when it is lowered; a
+        # backend's (its manifest's) only to the nodes it takes (arbiter/decompose.py).
+        self._decompositions = decomposition_table(self.config.decompositions)
         self._decomposed = sorted({op_name(k) for k in self._decompositions})
         self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
         self._warned: set = set()

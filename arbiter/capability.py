@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
+from .decompose import NotDecomposable, for_names
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
 from .registry import Backend
@@ -38,6 +39,9 @@ NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
 SCALAR = "computes a Python/symbolic scalar, not a tensor (runs in place)"
 MUTATES = "mutates its input in place (runs in place, in graph order)"
 RANDOM = "draws random numbers (runs in place, so torch's RNG stream stays eager's)"
+#: with the config's ``random: backend``, a backend that cannot draw its own
+NO_RANDOM = ("draws random numbers, and this backend does not draw its own (random: "
+             "backend gives them to backends that do)")
 NO_OUTPUT = "returns nothing (a runtime assert on sizes: runs in place)"
 _COMPUTE = "compute"  # what `CapabilityTable._kind` says of an ATen op judged per node
 _PER_NODE = "per-node"  # random or not depending on the node's arguments (dropout_p)
@@ -122,9 +126,12 @@ class CapabilityTable:
 
     def __init__(self, backends: Sequence[Backend], *, exclude_ops: Sequence[str] = (),
                  pin: Optional[dict[str, str]] = None, unavailable: Optional[dict[str, str]] = None,
-                 max_specializations: int = 8):
+                 max_specializations: int = 8, random: str = "eager"):
         # `backends` is the chain, in order; the last one runs ATen in place and takes all.
         self.backends = list(backends)
+        # "eager": random ops run in place (eager's RNG stream); "backend": they go to
+        # backends that draw their own (``Backend.draws_random``), like any op
+        self.random = random
         self.max_specializations = max_specializations  # 0: no per-shape compiles
         self.fallback_name = self.backends[-1].name
         self.exclude = frozenset(exclude_ops)
@@ -142,13 +149,14 @@ class CapabilityTable:
             kind = self._kinds[target] = self._kind(node)
         if kind is _PER_NODE:
             kind = (("random", target), RANDOM) if is_random(node) else _COMPUTE
-        if kind is _COMPUTE:
+        random = self.random == "backend" and kind is not _COMPUTE and kind[1] is RANDOM
+        if kind is _COMPUTE or random:
             if produces_tensor(node):
                 descs = tensor_descs(node, memo)
-                key = (target, descs)
+                key = (target, descs, True) if random else (target, descs)
                 hit = self._cache.get(key)
                 if hit is None:
-                    hit = self._evaluate(node, op_name(target), descs)
+                    hit = self._evaluate(node, op_name(target), descs, random)
                     # Validators look at the node itself (argument values), so only cache
                     # the answer when no backend has a validator for this op.
                     if not self._has_validator(op_name(target)):
@@ -210,13 +218,19 @@ class CapabilityTable:
         if hit is None:
             # an entry with wrong outputs depends on the node's users, like a validator
             pk = packet_name(name)
+            # so is one a backend decomposes (its decomposition depends on shapes and
+            # argument values)
             hit = self._validated[name] = any(
                 name in b.validators or pk in b.validators
                 or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
+                or name in b.manifest().decompositions or pk in b.manifest().decompositions
                 for b in self.backends)
         return hit
 
-    def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple) -> NodeSupport:
+    def _evaluate(self, node: torch.fx.Node, name: str, descs: tuple,
+                  random: bool = False) -> NodeSupport:
+        """``random``: the node draws random numbers (``random: backend``): only backends
+        that draw their own may take it."""
         candidates: list[str] = []
         per_shape: dict[str, str] = {}
         refusals: dict[str, str] = {}
@@ -231,8 +245,14 @@ class CapabilityTable:
             if excluded:
                 refusals[backend.name] = "excluded by the config's exclude_ops"
                 continue
+            if random and not backend.draws_random:
+                refusals[backend.name] = NO_RANDOM
+                continue
             why = self._refuse(backend, node, name, descs)
-            if why is None and symbolic and not backend.manifest().entry(name).dynamic:
+            # (a decomposed node has no entry of its own; its decomposition is traced
+            # for static shapes only, so it is refused above when symbolic)
+            if why is None and symbolic and not getattr(backend.manifest().entry(name),
+                                                        "dynamic", False):
                 why = (f"{SHAPES_REASON}: {name} is not probed dynamic in the {backend.name} "
                        f"manifest (`arbiter probe {backend.name} --dynamic`)")
                 if self.max_specializations > 0:
@@ -254,8 +274,15 @@ class CapabilityTable:
                            pinned=pinned if pinned in candidates else "", per_shape=per_shape)
 
     @staticmethod
-    def _refuse(backend: Backend, node: torch.fx.Node, name: str, descs: tuple) -> Optional[str]:
-        """Why ``backend`` cannot run the node at all (symbolic shapes aside), or None."""
+    def _refuse(backend: Backend, node: torch.fx.Node, name: str, descs: tuple,
+                decompose: bool = True) -> Optional[str]:
+        """Why ``backend`` cannot run the node at all (symbolic shapes aside), or None.
+        ``decompose``: a node its manifest wants decomposed is judged by its
+        decomposition's nodes (``_refuse_decomposed``)."""
+        if decompose and backend.manifest().decompositions:
+            decomps = for_names(backend.manifest().decompositions)
+            if decomps.applies(node):
+                return _refuse_decomposed(backend, decomps, node, name)
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest"
@@ -281,6 +308,37 @@ class CapabilityTable:
         if check is not None:
             return check(node)
         return None
+
+
+def _refuse_decomposed(backend: Backend, decomps, node: torch.fx.Node,
+                       name: str) -> Optional[str]:
+    """Why ``backend`` refuses ``node``, an op its manifest wants decomposed
+    (arbiter/decompose.py): the decomposition cannot be traced, or one of its nodes is
+    refused (checked as it is: not decomposed again). None: it takes the node."""
+    try:
+        sub = decomps.trace(node)
+    except NotDecomposable as exc:
+        return f"{name} is decomposed for {backend.name}, but {exc}"
+    out = next(m for m in reversed(sub.graph.nodes) if m.op == "output")
+    if isinstance(out.args[0], (tuple, list)) and any(not is_getitem(u) for u in node.users):
+        return f"{name} is decomposed for {backend.name}, but its tuple is read whole"
+    memo: dict = {}
+    for m in sub.graph.nodes:
+        if m.op != "call_function" or is_getitem(m):
+            continue
+        kind = CapabilityTable._kind(m)
+        if kind is _PER_NODE:
+            kind = (None, RANDOM) if is_random(m) else _COMPUTE
+        if kind is _COMPUTE and not produces_tensor(m):
+            kind = (None, SCALAR)
+        if kind is not _COMPUTE:
+            return f"{name} is decomposed for {backend.name} into {op_name(m.target)}, which {kind[1]}"
+        sub_name = op_name(m.target)
+        why = CapabilityTable._refuse(backend, m, sub_name, tensor_descs(m, memo),
+                                      decompose=False)
+        if why is not None:
+            return f"{name} is decomposed for {backend.name}; {sub_name} there: {why}"
+    return None
 
 
 def used_outputs(node: torch.fx.Node) -> set[int]:

@@ -243,7 +243,18 @@ class Config(BaseModel):
                                           "(`aten._softmax`, not `aten.softmax`)")
     decompositions: list[str] = Field(
         default_factory=list, description="ops decomposed (PyTorch's decomposition table) "
-                                          "before partitioning, on top of the backends' own")
+                                          "in the whole graph before partitioning, for "
+                                          "every backend (a backend's manifest "
+                                          "`decompositions:` applies only to the nodes it "
+                                          "takes)")
+    random: Literal["eager", "backend"] = Field(
+        "eager", description="where ops that draw random numbers (dropout, rand, bernoulli) "
+        "run. `eager` (the default): in place, in graph order, so a compiled model draws "
+        "exactly what eager PyTorch draws from torch's generator (bit-equal training runs, "
+        "reproducible with `torch.manual_seed`), at the price of a partition cut at every "
+        "dropout. `backend`: like any op, on a backend that draws its own random numbers "
+        "on every call (Inductor, as under `torch.compile`): the same distribution "
+        "(keep rate, scaling), not the same numbers; `verify` skips partitions that draw")
     manifests: dict[str, str] = Field(
         default_factory=dict, description="backend -> a capability manifest file to use "
                                           "instead of the shipped one (`arbiter probe "
@@ -354,11 +365,13 @@ def _no_decomposition(op: str) -> str:
     import torch
     from torch._decomp import decomposition_table
 
+    from .decompose import extra
+
     ns, base, *rest = op.split(".")
     packet = getattr(getattr(torch.ops, ns), base)
     target = getattr(packet, rest[0]) if rest else packet
     names = set()
-    for o in decomposition_table:
+    for o in [*decomposition_table, *extra()]:
         if not isinstance(o, torch._ops.OpOverload):
             continue
         if o == target or o.overloadpacket == target:

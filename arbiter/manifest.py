@@ -24,7 +24,8 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
     patterns:                 # subgraphs claimed whole, matched on the lowered graph
       rms_norm: {dtypes: [float32, float16]}   # a pattern of arbiter/plan/pattern_library.py
       mine: {function: "my_pkg.patterns:fused", inputs: [[4, 8], [8]]}  # any Python function
-    decompositions: []        # ops to decompose before partitioning (whole graph)
+    decompositions: []        # ops this backend runs decomposed (PyTorch's table): only
+                              # the nodes it takes are decomposed (arbiter/decompose.py)
 
 Lookup order for a node's op: the exact overload, then the op without overload, then
 ``"*"``. What data cannot say, a backend says in code with a validator (see
@@ -198,8 +199,11 @@ class Manifest(BaseModel):
     patterns: dict[str, PatternEntry] = Field(
         default_factory=dict, description="name -> a subgraph the backend claims whole")
     decompositions: list[str] = Field(
-        default_factory=list, description="ops this backend wants decomposed (PyTorch's "
-        "decomposition table) before partitioning; applies to the whole graph")
+        default_factory=list, description="ops this backend runs through their "
+        "decomposition (PyTorch's table, or arbiter's own where it has none: "
+        "arbiter/decompose.py): such a node is offered to this backend when it can run "
+        "every op of the node's decomposition, and is decomposed only in the partitions "
+        "this backend compiles; other backends get the node as it is")
     probe: Optional[ProbeInfo] = Field(None, description="set by `arbiter probe --write`; "
                                        "entries it verified say `verified: probed` "
                                        "(`built` after `--build-only`)")

@@ -86,6 +86,10 @@ class Backend:
     color: ClassVar[str] = ""
     #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
     validators: ClassVar[dict[str, Validator]] = {}
+    #: True for a backend whose compiled code draws fresh random numbers on every call
+    #: (Inductor's seeds come from torch's generator per call): under the config's
+    #: ``random: backend`` it may take random ops (dropout); others never get them
+    draws_random: ClassVar[bool] = False
 
     def __init__(self, options: Optional[BaseModel] = None):
         self.options = options if options is not None else self.Options()

@@ -191,6 +191,9 @@ class Inductor(ExactNonfinite, Backend):
     Options = InductorOptions
     own_validators = {}
     nonfinite_checks = _NONFINITE_CHECKS
+    # its random ops (dropout...) draw on every call with seeds taken from torch's
+    # default generator at that call (inductor_seeds), as under torch.compile
+    draws_random = True
 
     def compile(self, gm, example_inputs):
         from torch._inductor import config as inductor_config

@@ -16,9 +16,12 @@ import torch
 import arbiter
 from arbiter.cli import examples
 
-#: ONNX Runtime first, Inductor for what it refuses (gelu_backward, threshold_backward,
-#: training batch norm...), small partitions allowed so both get work on small models.
-CONFIG = {"backends": ["onnxruntime", "inductor"], "min_block_size": 1}
+#: ONNX Runtime first, Inductor for what it refuses, small partitions allowed. ONNX
+#: Runtime now takes every op of these models (backward ops through their
+#: decompositions), so two backward ops are pinned to Inductor: both backends get work and
+#: their partitions are stitched with gradients crossing.
+CONFIG = {"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+          "pin": {"aten.gelu_backward": "inductor", "aten.threshold_backward": "inductor"}}
 MODELS = ["mlp", "encoder_block", "small_cnn"]
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 

@@ -10,6 +10,11 @@ passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.
 --dynamic probes symbolic shapes instead: each sample traced with symbolic sizes, compiled
 once and run at two sizes; --write marks the ops that passed `dynamic: true`.
 
+--grad: each sample's backward graph is probed instead (the `*_backward` ops a training
+step's backward partitions hold, with the forward's saved tensors); ops the manifest's
+`decompositions:` names are decomposed for the backend, as in a partition, and the
+summary says which of them passed.
+
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.
 """
@@ -41,6 +46,10 @@ def add_arguments(parser) -> None:
                         help="build each sample with the backend and do not run it (a "
                              "backend that builds where it cannot run: tensorrt); passes "
                              "are written `verified: built`")
+    parser.add_argument("--grad", action="store_true",
+                        help="probe each sample's backward graph (what AOTAutograd hands "
+                             "arbiter for a training step: *_backward ops, saved tensors) "
+                             "instead of its forward")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
 
@@ -68,6 +77,9 @@ def run(args) -> int:
     if dynamic and args.build_only:
         raise ArbiterError("--dynamic and --build-only cannot be combined: a dynamic probe "
                            "runs each artifact at two sizes")
+    if args.grad and (dynamic or args.build_only):
+        raise ArbiterError("--grad cannot be combined with --dynamic or --build-only: "
+                           "backward graphs are probed with static shapes, run")
     dtypes = args.dtypes.split(",") if args.dtypes else \
         (["float32"] if dynamic else list(DEFAULT_DTYPES))
     try:
@@ -75,7 +87,8 @@ def run(args) -> int:
     except ValueError as exc:
         raise ArbiterError(f"--dtypes: {exc}") from None
     result = probe(backend, ops=args.ops, dtypes=dtypes, limit_s=args.limit_s,
-                   progress=stderr_progress(), build_only=args.build_only, dynamic=dynamic)
+                   progress=stderr_progress(), build_only=args.build_only, dynamic=dynamic,
+                   grad=args.grad)
     print(result.summary())
     for line in summarize_failures(result.samples):
         print("  failed:", line)

@@ -25,7 +25,8 @@ class Planner:
     def __init__(self, backends: Mapping[str, Backend], unavailable: Mapping[str, str], *,
                  exclude_ops: Sequence[str] = (), pin: Optional[Mapping[str, str]] = None,
                  min_block_size: int = 1, decision_config: Optional[dict] = None,
-                 max_specializations: int = 8):
+                 max_specializations: int = 8, random: str = "eager"):
+        self.random = random  # the config's `random:` (capability.CapabilityTable)
         self.backends: dict[str, Backend] = dict(backends)  # config order, eager last
         self.unavailable: dict[str, str] = dict(unavailable)
         self.exclude_ops = list(exclude_ops)
@@ -47,7 +48,8 @@ class Planner:
         return with_patterns(CapabilityTable(backends, exclude_ops=self.exclude_ops,
                                              pin=self.pin if pin is None else pin,
                                              unavailable=self.unavailable,
-                                             max_specializations=self.max_specializations))
+                                             max_specializations=self.max_specializations,
+                                             random=self.random))
 
     def backend(self, name: str) -> Backend:
         """A backend of the chain or a variant, by name."""

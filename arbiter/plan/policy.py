@@ -80,6 +80,9 @@ class PolicyOutcome:
     errors: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     confident: Optional[bool] = None  # the winner's timings apart from every other's
+    # distributed (torch.distributed, world > 1): "measured here, broadcast" on rank 0,
+    # "from rank 0" on the others; "" when not distributed
+    broadcast: str = ""
 
 
 @dataclass

@@ -2,14 +2,21 @@
 
 For each OpInfo (``torch.testing._internal.common_methods_invocations.op_db``) and each
 dtype to try, one sample is traced with ``make_fx`` to an ATen graph (tensor arguments
-become graph inputs; the backend's manifest decompositions applied, as the planner
-would), compiled by the backend alone (``backend.compile``, no fallback, so failures are
-visible) and run; its outputs are checked against the graph's traced metadata and
-against eager ATen on the same inputs (``arbiter.run.verify``, per-dtype tolerances).
+become graph inputs), compiled by the backend alone (``backend.compile``, no fallback, so
+failures are visible; the nodes its manifest's ``decompositions:`` names decomposed for
+it, as a partition would be: arbiter/decompose.py) and run; its outputs are checked
+against the graph's traced metadata and against eager ATen on the same inputs
+(``arbiter.run.verify``, per-dtype tolerances).
+
+``grad``: the sample's backward graph instead, as AOTAutograd hands it to arbiter
+(``trace_grad_sample``: ``*_backward`` ops, the forward's saved tensors as real inputs
+taken from a real forward), checked the same way: what a training step's backward
+partition runs.
 
 Blame and credit, per ATen overload:
 * a sample that passes credits every op of its graph with the dtypes of the tensors each
-  op read and wrote there;
+  op read and wrote there (an op decomposed for the backend, and the ops of its
+  decomposition, alike; ``ProbeResult.decomposed`` lists the decomposed ones);
 * a sample that fails marks every op of its graph as tried and not passed in the dtypes
   its tensors had there (``ProbeResult.failed_dtypes``), but blames the op as a whole only
   when its graph has a single op (a graph of several ops says nothing about which one
@@ -76,7 +83,7 @@ from ..errors import ArbiterError, describe
 from ..manifest import DTYPES
 from ..ops import is_getitem, is_mutating, is_random, op_name, packet_name, reads_floating
 from ..registry import Backend
-from ..run.lower import decomposition_table
+from ..decompose import for_backend
 from ..run.verify import check_meta, compare, dtype_name, output_specs
 
 log = logging.getLogger(__name__)
@@ -117,6 +124,9 @@ class ProbeResult:
     # op -> {index: {sample dtype: why}} wrong
     outputs_passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))
     outputs_failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    grad: bool = False  # backward graphs were probed (trace_grad_sample)
+    # ops the backend's manifest decomposes that a sample held: op -> {dtype: status}
+    decomposed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
     # dynamic probe: ops credited by a sample that passed at two sizes through one
     # artifact, and ops whose sample alone failed (op -> why)
     dynamic: bool = False
@@ -187,12 +197,21 @@ class ProbeResult:
                     f"{len(failed)} ops kept static (failed alone)"
                     f"{' (stopped at the time limit)' if self.stopped_early else ''}")
         failed_ops = [op for op in self.failed if op not in self.passed]
-        return (f"{self.backend}: {self.opinfos_done}/{self.opinfos_total} OpInfos, "
+        dec = ""
+        if self.decomposed:
+            ok = sorted(op for op, per in self.decomposed.items() if "passed" in per.values())
+            bad = sorted(op for op, per in self.decomposed.items()
+                         if "failed" in per.values() and op not in ok)
+            dec = (f"; decomposed for it: {len(ok)} ops passed"
+                   f"{' (' + ', '.join(ok) + ')' if ok else ''}, {len(bad)} failed"
+                   f"{' (' + ', '.join(bad) + ')' if bad else ''}")
+        return (f"{self.backend}{' (backward graphs)' if self.grad else ''}: "
+                f"{self.opinfos_done}/{self.opinfos_total} OpInfos, "
                 f"{c['passed'] + c['failed']} samples run ({c['passed']} passed, "
                 f"{c['failed']} failed, {c['skipped']} skipped) in {self.elapsed_s:.0f} s; "
                 f"{len(self.passed)} ops {'built (not run)' if self.mode == 'build' else 'verified'}, "
                 f"{len(failed_ops)} ops failed every "
-                f"sample, {len(self.outputs_failed)} ops with wrong unreturned outputs"
+                f"sample, {len(self.outputs_failed)} ops with wrong unreturned outputs{dec}"
                 f"{' (stopped at the time limit)' if self.stopped_early else ''}")
 
 
@@ -213,6 +232,17 @@ def opinfos(names: Optional[Sequence[str]] = None) -> list:
             wanted.add(n.split(".")[1])
     return [o for o in op_db if o.name in wanted or o.aten_name in wanted
             or (o.name.rsplit(".", 1)[-1] in wanted and o.name.startswith("nn.functional"))]
+
+
+def pick_grad_sample(opinfo, dtype: torch.dtype):
+    """The first sample with a differentiable tensor input of more than one element."""
+    torch.manual_seed(0)
+    for k, s in enumerate(opinfo.sample_inputs("cpu", dtype, requires_grad=True)):
+        if isinstance(s.input, torch.Tensor) and s.input.numel() > 1 and s.input.requires_grad:
+            return s
+        if k >= 8:
+            break
+    return None
 
 
 def _pick_sample(opinfo, dtype: torch.dtype):
@@ -290,6 +320,60 @@ def symbolic_inputs(tensors: Sequence[torch.Tensor], static_last: bool = False,
     return out
 
 
+def trace_grad_sample(opinfo, sample):
+    """(backward ATen graph returning a tuple of tensors, its real inputs) for one OpInfo
+    sample: AOTAutograd's backward graph as arbiter's lowering gets it (no
+    decompositions), its inputs (the forward's saved tensors, the cotangents) captured
+    from a real forward and backward with a fixed random cotangent per differentiable
+    output. Gradients that are None (inputs without one) are left out of the outputs."""
+    from functorch.compile import aot_function, make_boxed_func
+
+    leaves = [v for v in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+              if isinstance(v, torch.Tensor)]
+    if any(t.layout != torch.strided for t in leaves):
+        raise TypeError("sparse or other non-strided input")
+    wants = [t.requires_grad for t in leaves]
+    call, tensors = sample_fn(opinfo, sample)
+    captured: dict = {}
+
+    def fw(gm, _inputs):
+        return make_boxed_func(gm)
+
+    def bw(gm, _inputs):
+        captured["gm"] = gm
+
+        def run(args):
+            captured["args"] = [a.detach().clone() if isinstance(a, torch.Tensor) else a
+                                for a in args]
+            return gm(*args)
+
+        run._boxed_call = True
+        return run
+
+    ins = [t.clone().requires_grad_(w) for t, w in zip(tensors, wants)]
+    outs = aot_function(call, fw_compiler=fw, bw_compiler=bw)(*ins)
+    diff = [o for o in outs if o.requires_grad]
+    grads_of = [t for t in ins if t.requires_grad]
+    if not diff or not grads_of:
+        raise TypeError("no differentiable output or input")
+    gen = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff]
+    torch.autograd.grad(diff, grads_of, cots, allow_unused=True)
+    if "gm" not in captured or "args" not in captured:
+        raise TypeError("AOTAutograd made no backward graph")
+    gm, args = captured["gm"], captured["args"]
+    if not all(isinstance(a, torch.Tensor) for a in args):
+        raise TypeError("the backward graph takes a non-tensor input")
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    kept = tuple(a for a in out.args[0] if isinstance(a, torch.fx.Node))
+    if not kept:
+        raise TypeError("the backward graph returns no tensor")
+    out.args = (kept,)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm, args
+
+
 def expose_outputs(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, int]]:
     """Make ``gm`` also return every tensor output of its tuple-returning ops that it
     does not return already (``total_weight`` of ``nll_loss_forward``, the statistics of
@@ -347,7 +431,9 @@ def _graph_ops(gm: torch.fx.GraphModule, allow_sizes: bool = False
 
 def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
                  tolerances: Optional[dict] = None) -> tuple[str, str, str, Optional[float]]:
-    """(status, stage, reason, max_error) for one traced sample through ``backend``."""
+    """(status, stage, reason, max_error) for one traced sample through ``backend`` (the
+    nodes it wants decomposed decomposed for it, as a partition's piece does), compared
+    with ``gm`` run in eager."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     specs = output_specs(gm)
@@ -357,7 +443,7 @@ def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
         return "skipped", "eager", describe(exc), None
     try:
         with _disable_current_modes(), _quiet_warnings():
-            fn = backend.compile(gm, [t.clone() for t in inputs])
+            fn = backend.compile(for_backend(gm, backend), [t.clone() for t in inputs])
     except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
         return "failed", "compile", describe(exc), None
     try:
@@ -481,7 +567,7 @@ def probe_build(backend: Backend, gm: torch.fx.GraphModule,
 
     try:
         with _disable_current_modes(), _quiet_warnings():
-            what = backend.build_only(gm, [t.clone() for t in inputs])
+            what = backend.build_only(for_backend(gm, backend), [t.clone() for t in inputs])
     except NotImplementedError:
         raise
     except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
@@ -505,7 +591,7 @@ def probe_unreturned(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     try:
         expected = list(gm(*[t.clone() for t in inputs]))[first:]
         with _disable_current_modes(), _quiet_warnings():
-            fn = backend.compile(gm, [t.clone() for t in inputs])
+            fn = backend.compile(for_backend(gm, backend), [t.clone() for t in inputs])
             got = list(fn(*[t.clone() for t in inputs]))[first:]
     except Exception:  # noqa: BLE001 - not silent; see the docstring
         log.debug("unreturned outputs: compile or run failed", exc_info=True)
@@ -531,22 +617,32 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
           dtypes: Sequence[str] = DEFAULT_DTYPES, limit_s: Optional[float] = None,
           progress: Optional[Callable[[ProbeResult, str], None]] = None,
           tolerances: Optional[dict] = None, build_only: bool = False,
-          dynamic: bool = False) -> ProbeResult:
+          grad: bool = False, dynamic: bool = False) -> ProbeResult:
     """Probe ``backend`` with OpInfo samples; see the module docstring. ``build_only``:
     build each sample, do not run it. ``dynamic``: probe symbolic shapes (two sizes
-    through one artifact) instead of dtypes."""
+    through one artifact) instead of dtypes. ``grad``: probe each sample's backward graph
+    (OpInfos without a backward are left out)."""
     if build_only and dynamic:
         raise ValueError("probe: build_only and dynamic are exclusive (a dynamic probe runs "
                          "each artifact at two sizes)")
+    if grad and (build_only or dynamic):
+        raise ValueError("probe: grad is exclusive with build_only and dynamic (backward "
+                         "graphs are probed with static shapes, run)")
     manifest = backend.manifest()
-    decomps = decomposition_table(manifest.decompositions)
     result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
-                         list(dtypes), mode="build" if build_only else "run", dynamic=dynamic)
+                         list(dtypes), mode="build" if build_only else "run", dynamic=dynamic,
+                         grad=grad)
     infos = opinfos(ops)
+    if grad:
+        infos = [o for o in infos if o.supports_autograd]
     if dynamic:  # overloads no OpInfo traces to (arbiter/probe/samples.py)
         from .samples import samples_for
 
         infos += samples_for(ops)
+    # a dynamic probe decomposes nothing: a backend's decompositions are traced for
+    # static shapes only (arbiter/decompose.py), so the planner never hands it a symbolic
+    # node of an op it wants decomposed
+    decomps: dict = {}
     result.opinfos_total = len(infos)
     start = time.perf_counter()
     for info in infos:
@@ -565,7 +661,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
                                                        dtype, decomps, result, tolerances)
                     continue
                 result.samples.append(_one(backend, manifest, info, label, dname, dtype,
-                                           decomps, result, tolerances))
+                                           result, tolerances))
         except KeyboardInterrupt:  # Ctrl-C: stop, keep (and write) what is done
             result.stopped_early = True
             break
@@ -584,31 +680,46 @@ def _nondeterministic(info) -> bool:
                 or getattr(info, "skip_correctness_check_compile_vs_eager", False))
 
 
-def _one(backend, manifest, info, label, dname, dtype, decomps, result, tolerances) -> SampleResult:
+def _one(backend, manifest, info, label, dname, dtype, result, tolerances) -> SampleResult:
     if _nondeterministic(info):
         return SampleResult(label, dname, [], "skipped", "nondeterministic",
                             "outputs are uninitialized or random: nothing to compare")
     try:
-        sample = _pick_sample(info, dtype)
+        sample = pick_grad_sample(info, dtype) if result.grad else _pick_sample(info, dtype)
         if sample is None:
             return SampleResult(label, dname, [], "skipped", "trace", "no sample")
-        gm, inputs = trace_sample(info, sample, decomps)
+        gm, inputs = trace_grad_sample(info, sample) if result.grad else trace_sample(info, sample)
     except Exception as exc:  # noqa: BLE001 - OpInfo samples some ops cannot trace
         return SampleResult(label, dname, [], "skipped", "trace", describe(exc))
     nodes, why = _graph_ops(gm)
     if why is not None:
         return SampleResult(label, dname, [], "skipped", "trace", why)
     names = [op_name(n.target) for n in nodes]
-    missing = sorted({n for n in names if manifest.entry(n) is None})
+    try:  # what the backend gets: the nodes it wants decomposed, decomposed
+        dgm = for_backend(gm, backend)
+    except Exception as exc:  # noqa: BLE001 - the planner would refuse such a node
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "decompose",
+                            describe(exc))
+    dnodes, why = _graph_ops(dgm) if dgm is not gm else (nodes, None)
+    if why is not None:
+        return SampleResult(label, dname, sorted(set(names)), "skipped", "decompose", why)
+    decomposed = sorted(set(names) - {op_name(n.target) for n in dnodes})
+    dnames = [op_name(n.target) for n in dnodes]
+    missing = sorted({n for n in dnames if manifest.entry(n) is None})
     if missing:
         return SampleResult(label, dname, sorted(set(names)), "skipped", "manifest",
-                            f"not in the manifest: {', '.join(missing[:5])}")
-    refused = _refused(backend, nodes)
+                            f"not in the manifest: {', '.join(missing[:5])}"
+                            + (f" (decomposing {', '.join(decomposed)})" if decomposed else ""))
+    refused = _refused(backend, dnodes)
     if refused:
         return SampleResult(label, dname, sorted(set(names)), "skipped", "validator", refused)
     memo: dict = {}
     credit = {(op_name(n.target), dtype_name(d.dtype)) for n in nodes
               for d in tensor_descs(n, memo)}
+    if dgm is not gm:
+        dmemo: dict = {}
+        credit |= {(op_name(n.target), dtype_name(d.dtype)) for n in dnodes
+                   for d in tensor_descs(n, dmemo)}
     if all(dt in result.passed.get(op, ()) for op, dt in credit):
         return SampleResult(label, dname, sorted(set(names)), "skipped", "covered",
                             "every (op, dtype) already passed")
@@ -618,6 +729,9 @@ def _one(backend, manifest, info, label, dname, dtype, decomps, result, toleranc
         status, stage, reason, err = probe_sample(backend, gm, inputs, tolerances)
     sample = SampleResult(label, dname, sorted(set(names)), status, stage, reason, err)
     result.record(sample, credit)
+    for op in decomposed:
+        if result.decomposed[op].get(dname) != "passed":
+            result.decomposed[op][dname] = status
     if status != "passed" or result.mode == "build":
         return sample
     added, wrong = probe_unreturned(backend, gm, inputs, tolerances)

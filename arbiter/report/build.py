@@ -88,6 +88,10 @@ def _conditions(backend: Backend, op: str) -> str:
         entry = backend.manifest().entry(op)
     except Exception:  # noqa: BLE001 - a broken manifest is reported as such, not raised
         return "manifest could not be read"
+    decomposed = backend.manifest().decompositions
+    if op in decomposed or op.rsplit(".", 1)[0] in decomposed:
+        return ("decomposed for it (arbiter/decompose.py): taken where it takes every op "
+                "of the decomposition")
     if entry is None:
         return "not in manifest"
     dtypes = ",".join(sorted(str(d).removeprefix("torch.") for d in entry.dtypes))
@@ -313,7 +317,7 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         weights_as_inputs=g.weights_as_inputs,
         chosen=o.chosen, candidates_ms=dict(o.candidates_ms), estimates_ms=dict(o.estimates_ms),
         candidates_spread_ms=dict(o.spread_ms), measure_rounds=o.rounds,
-        measure_confident=o.confident,
+        measure_confident=o.confident, measure_broadcast=o.broadcast,
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),

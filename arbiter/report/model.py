@@ -240,6 +240,11 @@ class GraphReport(BaseModel):
     accuracy: Optional[AccuracyReport] = Field(None, description="config `accuracy`: the "
                                                "tolerance and the lower-precision candidates' "
                                                "errors; null without it")
+    measure_broadcast: str = Field(
+        "", description="policy measure under torch.distributed (world size > 1): "
+                        "`rank 0: broadcast` on rank 0, which decides (measured or from its "
+                        "cache) and broadcasts; `from rank 0` on the others, which install "
+                        "rank 0's decision untimed; empty when not distributed")
     symbols: list[SymbolReport] = Field(default_factory=list,
                                         description="symbolic dimensions and their ranges")
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")

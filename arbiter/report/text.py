@@ -103,6 +103,7 @@ def _graph_tables(report: Report, g: GraphReport):
                          else "not apart from the rest (a close call)"))
         est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
         yield _e(f"  policy {g.policy}: chose {g.chosen or '-'}" +
+                 (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
                  (f"; measured: {cands}" if cands else "") +
                  (f"; estimated: {est}" if est else ""))
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)

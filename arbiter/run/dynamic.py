@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..decompose import for_backend
 from ..errors import describe
 from ..ops import output_values
 from ..registry import Backend
@@ -289,7 +290,8 @@ class Specialized:
                              f"{self.limit}); one more shape goes to the next backend")
         start = time.perf_counter()
         static, keep = specialize(self.gm, args)
-        fn = self.backend.compile(static, [args[i] for i in keep])
+        # static now: the nodes its manifest wants decomposed, decomposed for it alone
+        fn = self.backend.compile(for_backend(static, self.backend), [args[i] for i in keep])
         elapsed = time.perf_counter() - start
         self.compile_s += elapsed
         self._fns[key] = (fn, keep)

@@ -3,7 +3,8 @@
 ``aot_module_simplified`` traces forward and backward (or a single inference graph when
 no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
 node, and calls our compiler once per graph. Decompositions are PyTorch's own table
-(``torch._decomp``), restricted to the ops the config and the backends' manifests ask for.
+(``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
+backend's manifest list applies only to the nodes it takes: arbiter/decompose.py).
 
 Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
 metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and
@@ -33,14 +34,9 @@ GraphCompiler = Callable[[torch.fx.GraphModule, str, dict], Callable]
 
 
 def decomposition_table(names: Sequence[str]) -> dict:
-    from torch._decomp import get_decompositions
+    from ..decompose import table
 
-    ops = []
-    for name in names:
-        ns, base, *rest = name.split(".")
-        packet = getattr(getattr(torch.ops, ns), base)
-        ops.append(getattr(packet, rest[0]) if rest else packet)
-    return get_decompositions(ops)
+    return table(names)
 
 
 def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
@@ -152,6 +148,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
         constants = frozen_inputs(fx_g, real_inputs, names) if freeze else {}
         return make_boxed_func(compile_graph(fx_g, kind, constants))
 
+    # Dynamo's DDPOptimizer (torch.compile of a DistributedDataParallel model) tells
+    # whether a backend ran AOTAutograd on a bucket's subgraph by this counter, as
+    # torch's own aot_autograd backends bump it; unbumped, it keeps no forward metadata
+    # per bucket and the lazily compiled backward fails ("expected same # of fw and bw
+    # compiles")
+    from torch._dynamo.utils import counters
+
+    counters["aot_autograd"]["total"] += 1
     return aot_module_simplified(
         gm, example_inputs,
         fw_compiler=compiler("forward"),

@@ -105,44 +105,84 @@ class MeasuredGraph:
     def _first_call(self, *args: Any) -> Any:
         with self._lock:
             if self.chosen is None:
-                self._choose(args)
+                group = _distributed()
+                if group is None:
+                    self._choose(args)
+                else:
+                    self._choose_distributed(args, group)
         return self._fn(*args)
 
     # -- choosing ------------------------------------------------------------------
+    def _choose_distributed(self, args: Sequence[Any], dist: Any) -> None:
+        """Every rank must run the same backend for the same subgraph (a collective
+        inside a partition, and numbers that agree): rank 0 decides (cache or timing, as
+        alone) and broadcasts its decision; the other ranks install it untimed. Each
+        rank's graphs reach their first call in the same order (the same program), so the
+        broadcasts pair up. A rank 0 whose candidates fail to compile still broadcasts
+        (measuring catches those failures); a process that dies leaves the others in
+        the broadcast until the process group's timeout."""
+        outcome = self._record.outcome
+        if dist.get_rank() == 0:
+            self._choose(args)
+            chosen = self.chosen
+            pos = {n.name: i for i, n in enumerate(self._gm.graph.nodes)}
+            decision = {"label": chosen.label,
+                        "steer": {str(pos[k]): b for k, b in chosen.steer.items() if k in pos}
+                        if chosen.steer else None,
+                        "measured_ms": {c.label: c.measured_ms for c in self.candidates
+                                        if c.measured_ms is not None}}
+            dist.broadcast_object_list([decision], src=0)
+            outcome.broadcast = "rank 0: broadcast"
+            return
+        box: list = [None]
+        dist.broadcast_object_list(box, src=0)
+        if not self._apply(box[0]):
+            raise RuntimeError(f"{self._label}: rank 0's decision {box[0]!r} names no "
+                               "candidate of this rank's graph (the ranks' graphs differ)")
+        outcome.broadcast = "from rank 0"
+        log.info("%s: measured decision from rank 0: %s", self._label, self.chosen.label)
+
+    def _apply(self, hit: Any, args: Optional[Sequence[Any]] = None) -> Optional[bool]:
+        """Install a decision ({label, steer, measured_ms}: the cache's, or rank 0's)
+        when it names a candidate of this graph (a refined one is rebuilt from its
+        node -> backend map, by node position: names may differ): True. False when it
+        names none; None when it names a lower-precision candidate outside the accuracy
+        tolerance on ``args`` (never taken on trust: this call's inputs decide)."""
+        by_label = {c.label: c for c in self.candidates}
+        if isinstance(hit, dict) and hit.get("label") not in by_label \
+                and isinstance(hit.get("steer"), dict):
+            names = [n.name for n in self._gm.graph.nodes]
+            steer = {names[int(i)]: b for i, b in hit["steer"].items()
+                     if str(i).isdigit() and int(i) < len(names)}
+            refined = Candidate(hit["label"], self._steered_plan(steer), 0.0, steer=steer)
+            self.candidates.append(refined)
+            by_label[refined.label] = refined
+        if not (isinstance(hit, dict) and hit.get("label") in by_label):
+            return False
+        chosen = by_label[hit["label"]]
+        if chosen.lowered and args is not None and not self._accept(chosen, args):
+            log.warning("%s: decision %r is not within the accuracy tolerance on these "
+                        "inputs (%s); measuring again", self._label, hit["label"],
+                        chosen.rejected)
+            return None
+        for c in self.candidates:
+            ms = (hit.get("measured_ms") or {}).get(c.label)
+            c.measured_ms = float(ms) if isinstance(ms, (int, float)) else None
+        self._install(chosen, {})
+        return True
+
     def _choose(self, args: Sequence[Any]) -> None:
         cache = self._cache
         key = None
         if cache is not None:
             key = fingerprint(self._gm, args, self._planner.decision_parts(), self._constants)
             hit = cache.get_json("decision", key)
-            by_label = {c.label: c for c in self.candidates}
-            if isinstance(hit, dict) and hit.get("label") not in by_label \
-                    and isinstance(hit.get("steer"), dict):
-                # a refined placement: rebuilt from its node -> backend map, kept by node
-                # position (the key ignores node names, so names may differ)
-                names = [n.name for n in self._gm.graph.nodes]
-                steer = {names[int(i)]: b for i, b in hit["steer"].items()
-                         if str(i).isdigit() and int(i) < len(names)}
-                refined = Candidate(hit["label"], self._steered_plan(steer), 0.0, steer=steer)
-                self.candidates.append(refined)
-                by_label[refined.label] = refined
-            if isinstance(hit, dict) and hit.get("label") in by_label \
-                    and by_label[hit["label"]].lowered \
-                    and not self._accept(by_label[hit["label"]], args):
-                # a lower precision is never taken on trust: this call's inputs decide
-                log.warning("%s: cached decision %r is not within the accuracy tolerance "
-                            "on these inputs (%s); measuring again", self._label,
-                            hit["label"], by_label[hit["label"]].rejected)
-                hit = None
-            if isinstance(hit, dict) and hit.get("label") in by_label:
-                for c in self.candidates:
-                    ms = (hit.get("measured_ms") or {}).get(c.label)
-                    c.measured_ms = float(ms) if isinstance(ms, (int, float)) else None
-                self._install(by_label[hit["label"]], {})
+            applied = self._apply(hit, args)
+            if applied:
                 self.from_cache = True
                 log.info("%s: measured decision from the cache: %s", self._label, hit["label"])
                 return
-            if hit is not None:
+            if hit is not None and applied is False:
                 log.warning("%s: cached decision %r names no candidate of this graph; "
                             "measuring again", self._label, hit.get("label"))
         per_part = self._measure(args)
@@ -464,6 +504,18 @@ class MeasuredGraph:
         self._fn = fn
         log.info("%s: policy measure chose %s%s", self._label, chosen.label,
                  f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
+
+
+def _distributed() -> Any:
+    """``torch.distributed`` when a process group of more than one rank is up, else
+    None."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return dist
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:

@@ -24,8 +24,9 @@ import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..cache import served
+from ..decompose import for_backend
 from ..errors import describe
-from ..ops import output_values, tensors_in
+from ..ops import is_random, output_values, tensors_in
 from ..registry import Backend
 from .isolation import tracing_in_this_thread
 from .verify import check_meta, compare, output_specs
@@ -96,8 +97,10 @@ class CompileTimeout(Exception):
 
 def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
              timeout: Optional[float]) -> Callable:
-    """``backend.compile(gm, args)``; with a ``timeout``, in a helper thread waited for at
-    most that long (CompileTimeout after).
+    """``backend.compile(gm, args)``, the nodes its manifest wants decomposed decomposed
+    for it alone (arbiter/decompose.py: the next backends and eager get ``gm`` as it is);
+    with a ``timeout``, in a helper thread waited for at most that long (CompileTimeout
+    after).
 
     Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
     thread, holding what it holds, and its result is dropped. The helper thread gets the
@@ -105,9 +108,12 @@ def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
     entries a compile used); it has no dispatch mode, like the caller's compile under
     ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
     a backend that takes that lock itself would wait for it, and time out."""
+    def build() -> Callable:  # the decomposition is traced (make_fx) like the compile
+        return backend.compile(for_backend(gm, backend), args)
+
     if timeout is None:
         with tracing_in_this_thread():  # torch's tracing state stays in this thread
-            return backend.compile(gm, args)
+            return build()
     ctx = contextvars.copy_context()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
     result: dict = {}
@@ -117,7 +123,7 @@ def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad), \
                     tracing_in_this_thread():
-                result["fn"] = ctx.run(backend.compile, gm, args)
+                result["fn"] = ctx.run(build)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
             result["exc"] = exc
         finally:
@@ -261,6 +267,8 @@ class Piece:
         self._specs = output_specs(gm)
         self._verify_cfg = verify
         self._lowered_cfg = lowered_verify
+        self._draws_random = any(n.op == "call_function" and is_random(n)
+                                 for n in gm.graph.nodes)
         self._use_verify(verify)
         self._since_compile = 0  # calls of the current backend (verify `every`)
         self._device_checks = 2  # calls left whose output devices are checked
@@ -357,6 +365,12 @@ class Piece:
     # -- accuracy checks -------------------------------------------------------------
     def _use_verify(self, verify: Any) -> None:
         self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+        if self._verify_mode != "off" and self._draws_random:
+            # a partition drawing random numbers (config `random: backend`) cannot equal
+            # eager's draw: nothing to compare
+            log.info("%s partition %d draws random numbers: verify skips it", self._label,
+                     self.record.partition_id)
+            self._verify_mode = "off"
         self._verify_every = int(getattr(verify, "every_n", 1) or 1)
         self._tolerances = getattr(verify, "tolerances", None)
 

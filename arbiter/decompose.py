@@ -1,0 +1,437 @@
+"""Per-backend decompositions: a node is decomposed only for the backend that asked.
+
+A manifest's ``decompositions:`` lists ops the backend runs through PyTorch's own
+decomposition (``torch._decomp``), e.g. ONNX Runtime's ``native_layer_norm_backward``,
+which its exporter has no translation for. Two backends' wishes never meet:
+
+* planning (``arbiter.capability``): a node of such an op is offered to that backend when
+  every node of its decomposition, traced on fake tensors of the node's own shapes
+  (``trace``; no tensor is computed), is a node that backend can run. Other backends are
+  asked about the node as it is;
+* compiling (``arbiter.run.piece``): the partition handed to that backend has those
+  nodes replaced by their decompositions (``for_backend``); the next backends of the
+  partition's chain, eager ATen and ``verify`` get the partition as planned.
+
+The config's ``decompositions:`` still applies to the whole graph, before partitioning
+(``arbiter.run.lower``): that is the user's choice for every backend.
+
+A traced decomposition is kept per op, argument values and tensor shapes/strides (a
+transformer's layers share one), in a bounded process-wide cache.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from .ops import is_getitem, op_name, packet_name
+
+log = logging.getLogger(__name__)
+
+#: traced decompositions kept (per op, argument values and shapes)
+CACHE_SIZE = 4096
+
+
+class NotDecomposable(Exception):
+    """Why a node's decomposition cannot be traced (the reason is the message)."""
+
+
+def resolve_op(name: str) -> Any:
+    """``aten.x.overload`` -> the OpOverload; ``aten.x`` -> the OpOverloadPacket."""
+    ns, base, *rest = name.split(".")
+    packet = getattr(getattr(torch.ops, ns), base)
+    return getattr(packet, rest[0]) if rest else packet
+
+
+def table(names: Iterable[str]) -> dict:
+    """PyTorch's decompositions of the ops named (``aten.x`` means every overload), and
+    arbiter's own (``extra()``) for ops PyTorch's table lacks."""
+    from torch._decomp import get_decompositions
+
+    ops = [resolve_op(n) for n in names]
+    out = get_decompositions(ops)
+    for op, fn in extra().items():  # arbiter's own win: PyTorch's may produce prims
+        if op in ops or op.overloadpacket in ops:
+            out[op] = fn
+    return out
+
+
+def extra() -> dict:
+    """Decompositions arbiter adds where PyTorch's table (``torch._decomp``) has none:
+    {OpOverload: function}. Each returns ``NotImplemented`` where it does not apply
+    (the node then stays whole, and the backend that asked refuses it)."""
+    return {torch.ops.aten.convolution_backward.default: _convolution_backward,
+            torch.ops.aten.var_mean.correction: _var_mean,
+            torch.ops.aten.squeeze.dims: _squeeze_dims,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+                _flash_attention_for_cpu,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+                _flash_attention_for_cpu_backward}
+
+
+def _squeeze_dims(x, dims):
+    """``squeeze.dims`` as a ``view`` (PyTorch's decomposition ends in
+    ``prims.squeeze``): the named dimensions of size 1 dropped."""
+    rank = max(x.dim(), 1)
+    drop = {d % rank for d in ([dims] if isinstance(dims, int) else dims)}
+    shape = [s for i, s in enumerate(x.shape) if not (i in drop and s == 1)]
+    return torch.ops.aten.view.default(x, shape)
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """``var_mean`` as ATen reductions (PyTorch's decomposition ends in ``prims.var``,
+    which no exporter takes): the mean, then the mean-centred sum of squares divided by
+    the element count less ``correction`` (1 when None). Training batch norm's batch
+    statistics come through it."""
+    aten = torch.ops.aten
+    if not x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        dims = list(range(x.dim()))
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = [d % max(x.dim(), 1) for d in dims]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    c = 1 if correction is None else correction
+    if not dims or n - c < 0:
+        return NotImplemented
+    centred = aten.sub.Tensor(x, aten.mean.dim(x, dims, True))
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centred, centred), dims,
+                                                 keepdim), n - c)
+    return var, aten.mean.dim(x, dims, keepdim)
+
+
+def _attention_scores(query, key, is_causal, scale):
+    """S = q k^T * scale, -inf above the diagonal when causal (top-left aligned, as the
+    CPU flash kernel does; no row is fully masked); None where that does not apply
+    (other than 4-d, grouped heads, not floating point)."""
+    aten = torch.ops.aten
+    if query.dim() != 4 or key.shape[1] != query.shape[1] or not query.is_floating_point():
+        return None
+    length, source = query.shape[2], key.shape[2]
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    s = aten.mul.Scalar(aten.matmul.default(query, aten.transpose.int(key, -2, -1)), scale)
+    if is_causal:
+        allowed = aten.tril.default(aten.ones.default([length, source], dtype=torch.bool,
+                                                      device=query.device))
+        s = aten.masked_fill.Scalar(s, aten.logical_not.default(allowed), float("-inf"))
+    return s
+
+
+def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *,
+                             attn_mask=None, scale=None):
+    """``_scaled_dot_product_flash_attention_for_cpu`` as matmuls and a softmax, with
+    its real ``logsumexp`` (batch, heads, length): PyTorch's decomposition returns the
+    attention matrix in its place, which a training step's backward reads (the
+    "invalid dimensions for output" ONNX Runtime failed with). Without dropout and an
+    explicit mask only (else the op stays whole)."""
+    aten = torch.ops.aten
+    if dropout_p != 0.0 or attn_mask is not None:
+        return NotImplemented
+    s = _attention_scores(query, key, is_causal, scale)
+    if s is None:
+        return NotImplemented
+    top = aten.max.dim(s, -1, True)[0]
+    lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
+        aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
+    probs = aten.exp.default(aten.sub.Tensor(s, lse))
+    return aten.matmul.default(probs, value), aten.view.default(lse, list(lse.shape[:-1]))
+
+
+def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp,
+                                      dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                                      scale=None):
+    """Its backward from the saved ``logsumexp``, as the kernel computes it: P = exp(S -
+    lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
+    dK = dS^T Q * scale."""
+    aten = torch.ops.aten
+    if dropout_p != 0.0 or attn_mask is not None:
+        return NotImplemented
+    s = _attention_scores(query, key, is_causal, scale)
+    if s is None:
+        return NotImplemented
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    probs = aten.exp.default(aten.sub.Tensor(s, aten.unsqueeze.default(logsumexp, -1)))
+    grad_value = aten.matmul.default(aten.transpose.int(probs, -2, -1), grad_out)
+    dp = aten.matmul.default(grad_out, aten.transpose.int(value, -2, -1))
+    d = aten.sum.dim_IntList(aten.mul.Tensor(grad_out, out), [-1], True)
+    ds = aten.mul.Tensor(probs, aten.sub.Tensor(dp, d))
+    grad_query = aten.mul.Scalar(aten.matmul.default(ds, key), scale)
+    grad_key = aten.mul.Scalar(aten.matmul.default(aten.transpose.int(ds, -2, -1), query),
+                               scale)
+    return grad_query, grad_key, grad_value
+
+
+def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                          transposed, output_padding, groups, output_mask):
+    """``convolution_backward`` of a plain convolution (not transposed, one group) as
+    convolutions: the input's gradient is the transposed convolution of the output's
+    gradient with the weight; the weight's is the convolution of the input with the
+    output's gradient, batch and channels swapped (stride and dilation trade places),
+    cut to the kernel's size; the bias's is the output's gradient summed."""
+    aten = torch.ops.aten
+    if transposed or groups != 1:
+        return NotImplemented
+    nd = input.dim() - 2
+
+    def per_dim(v):
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        return v * nd if len(v) == 1 else v
+
+    stride, padding, dilation = per_dim(stride), per_dim(padding), per_dim(dilation)
+    kernel = weight.shape[2:]
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        extra_pad = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i]
+                                           - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + 1)
+                     for i in range(nd)]
+        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
+                                      True, extra_pad, 1)
+    if output_mask[1]:
+        gw = aten.convolution(input.transpose(0, 1), grad_output.transpose(0, 1), None,
+                              dilation, padding, stride, False, [0] * nd, 1).transpose(0, 1)
+        for i in range(nd):
+            if gw.shape[2 + i] != kernel[i]:
+                gw = gw.narrow(2 + i, 0, kernel[i])
+        grad_weight = gw.contiguous()
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
+    return grad_input, grad_weight, grad_bias
+
+
+def wants(names: Sequence[str], op: str) -> bool:
+    """Whether a manifest's ``decompositions`` list (``names``) names ``op``."""
+    return op in names or packet_name(op) in names
+
+
+class Decompositions:
+    """One backend's ``decompositions:``: which nodes it wants decomposed, and how."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = tuple(names)
+        self.table = table(self.names) if self.names else {}
+
+    def __bool__(self) -> bool:
+        return bool(self.table)
+
+    def applies(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` is an op of the list with a decomposition in the table."""
+        return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                and node.target in self.table and wants(self.names, op_name(node.target)))
+
+    def trace(self, node: torch.fx.Node) -> torch.fx.GraphModule:
+        """The decomposition of ``node`` as an ATen graph: one placeholder per tensor
+        argument (in ``_tensor_args`` order), its output(s) as the node returns them,
+        ``meta["val"]`` on every node. Raises ``NotDecomposable`` with the reason."""
+        key = _key(node)
+        try:
+            hash(key)
+        except TypeError:  # symbolic sizes (SymInt) are unhashable: not cached
+            hit = _trace(node, self.table)
+            if isinstance(hit, str):
+                raise NotDecomposable(hit) from None
+            return hit
+        with _LOCK:
+            hit = _CACHE.get((id(self.table), key))
+            if hit is not None:
+                _CACHE.move_to_end((id(self.table), key))
+        if hit is None:
+            hit = _trace(node, self.table)
+            with _LOCK:
+                _CACHE[(id(self.table), key)] = hit
+                while len(_CACHE) > CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+        if isinstance(hit, str):
+            raise NotDecomposable(hit)
+        return hit
+
+    def apply(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """``gm`` with every node this backend wants decomposed replaced by its traced
+        decomposition; ``gm`` itself when there is none (a copy otherwise: the caller's
+        graph is what eager and the other backends run)."""
+        if not self or not any(self.applies(n) for n in gm.graph.nodes):
+            return gm
+        import copy
+
+        new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+        for node in list(new.graph.nodes):
+            if self.applies(node):
+                _inline(new.graph, node, self.trace(node))
+        new.graph.eliminate_dead_code()
+        new.graph.lint()
+        new.recompile()
+        return new
+
+
+_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
+_LOCK = threading.Lock()
+_BY_NAMES: dict[tuple, Decompositions] = {}
+
+
+def for_names(names: Sequence[str]) -> Decompositions:
+    """The (shared) ``Decompositions`` of one list of op names."""
+    key = tuple(names)
+    with _LOCK:
+        hit = _BY_NAMES.get(key)
+    if hit is None:
+        hit = Decompositions(key)
+        with _LOCK:
+            hit = _BY_NAMES.setdefault(key, hit)
+    return hit
+
+
+def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
+    """The partition ``gm`` as ``backend`` (a ``registry.Backend``) gets it: the nodes its
+    manifest's ``decompositions:`` names replaced by their decompositions. A view of a
+    backend without a manifest of its own (``run.dynamic.Symbolic``: decompositions are
+    traced for static shapes only) gets ``gm`` as it is; ``run.dynamic.PerShape``
+    decomposes each specialized (static) graph itself."""
+    manifest = getattr(backend, "manifest", None)
+    if manifest is None:
+        return gm
+    try:
+        names = manifest().decompositions
+    except Exception:  # noqa: BLE001 - no manifest (a probe's ad-hoc backend): none wanted
+        log.debug("%s: no manifest, nothing decomposed for it", getattr(backend, "name", backend),
+                  exc_info=True)
+        return gm
+    return for_names(names).apply(gm) if names else gm
+
+
+# -- tracing -------------------------------------------------------------------------------
+def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The node arguments of ``node`` (in args, kwargs order, each once)."""
+    return list(node.all_input_nodes)
+
+
+def _key(node: torch.fx.Node) -> tuple:
+    def one(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            v = a.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                return ("T", tuple(v.shape), tuple(v.stride()), v.dtype, v.device.type)
+            return ("N", repr(v))
+        return a if isinstance(a, (int, float, bool, str, type(None), torch.dtype,
+                                   torch.device, torch.layout, torch.memory_format)) \
+            else repr(a)
+
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    try:
+        return (node.target, tuple(map(one, flat)), str(spec))
+    except TypeError:  # an unhashable argument: a key that never repeats
+        return (node.target, id(node))
+
+
+def _trace(node: torch.fx.Node, decomps: dict) -> Any:
+    """The traced decomposition of ``node`` (a GraphModule), or why not (a str)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = _tensor_args(node)
+    vals = []
+    for n in inputs:
+        v = n.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return f"input {n.name} is not a tensor with metadata"
+        if not all(isinstance(s, int) for s in (*v.shape, *v.stride())):
+            return "symbolic (dynamic) shapes: the decomposition is traced for static ones"
+        vals.append(v)
+    flat, spec = pytree.tree_flatten((node.args, node.kwargs))
+    if any(not isinstance(a, torch.fx.Node) and isinstance(a, (torch.SymInt, torch.SymFloat))
+           for a in flat):
+        return "symbolic (dynamic) arguments: the decomposition is traced for static ones"
+    where = {n: k for k, n in enumerate(inputs)}
+    target = node.target
+
+    want = node.meta.get("val")
+
+    def fn(*ts):
+        args, kwargs = pytree.tree_unflatten(
+            [ts[where[a]] if isinstance(a, torch.fx.Node) else a for a in flat], spec)
+        out = target(*args, **kwargs)
+        # the node's users (views) rely on its outputs' strides: the decomposition's
+        # outputs are given the node's layout where it differs
+        if isinstance(out, torch.Tensor) and isinstance(want, torch.Tensor):
+            return _restride(out, want)
+        if isinstance(out, (tuple, list)) and isinstance(want, (tuple, list)) \
+                and len(out) == len(want):
+            return type(out)(_restride(o, w) if isinstance(o, torch.Tensor)
+                             and isinstance(w, torch.Tensor) else o
+                             for o, w in zip(out, want))
+        return out
+
+    mode = FakeTensorMode()
+    try:
+        with mode:
+            fakes = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+                     for v in vals]
+        gm = make_fx(fn, tracing_mode="fake", decomposition_table=decomps)(*fakes)
+    except Exception as exc:  # noqa: BLE001 - the reason goes to the report
+        log.debug("tracing the decomposition of %s failed", node.format_node(), exc_info=True)
+        return f"its decomposition could not be traced ({type(exc).__name__}: {str(exc)[:160]})"
+    ops = [m for m in gm.graph.nodes if m.op == "call_function"]
+    if any(m.target is target for m in ops):
+        return "its decomposition keeps the op itself"
+    return gm
+
+
+def _restride(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out with ``like``'s strides (dense, a permutation of a contiguous
+    layout): permute, make contiguous, permute back. Raises when ``like``'s layout is not
+    such a permutation (the node is then not decomposed)."""
+    if tuple(t.shape) != tuple(like.shape) or _same_layout(t, like):
+        return t
+    order = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], d))
+    back = [order.index(d) for d in range(like.dim())]
+    out = t.permute(order).contiguous().permute(back)
+    if not _same_layout(out, like):
+        raise NotDecomposable("its decomposition's output has other strides than the op's, "
+                              f"{tuple(t.stride())} for {tuple(like.stride())}")
+    return out
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides on every dimension of size above 1."""
+    return all(n <= 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
+def _inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
+    """Replace ``node`` in ``graph`` by the nodes of ``sub`` (from ``Decompositions.trace``)."""
+    inputs = _tensor_args(node)
+    env: dict[torch.fx.Node, Any] = {}
+    placeholders = [m for m in sub.graph.nodes if m.op == "placeholder"]
+    for p, arg in zip(placeholders, inputs):
+        env[p] = arg
+    result: Any = None
+    with graph.inserting_before(node):
+        for m in sub.graph.nodes:
+            if m.op == "placeholder":
+                continue
+            if m.op == "output":
+                result = pytree.tree_map(lambda a: env[a] if isinstance(a, torch.fx.Node) else a,
+                                         m.args[0])
+                break
+            if m.op == "get_attr":  # a constant the decomposition made (a scalar tensor)
+                name = f"_decomp_const_{len(list(graph.owning_module.named_buffers()))}"
+                graph.owning_module.register_buffer(name, getattr(sub, m.target), persistent=False)
+                env[m] = graph.get_attr(name)
+            else:
+                env[m] = graph.node_copy(m, lambda a: env[a])
+            env[m].meta = dict(m.meta)
+    if isinstance(result, (tuple, list)):
+        for user in list(node.users):
+            if not (is_getitem(user) and isinstance(user.args[1], int)):
+                raise NotDecomposable(f"{node.name} is read whole, not through getitem")
+            user.replace_all_uses_with(result[user.args[1]])
+            graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(result)
+    graph.erase_node(node)

@@ -1,0 +1,148 @@
+"""One training step (forward, backward, optimizer step) of three small models: eager,
+Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs.
+
+Models (train mode: dropout on, batch norm with batch statistics; random weights):
+  bert    transformers' BertModel, hidden 256, 4 layers, 4 heads, seq 128, batch 8
+  gpt2    transformers' GPT2Model, 256 wide, 4 layers, 4 heads, seq 128, batch 8
+  resnet18  transformers' ResNet (basic blocks 2-2-2-2), 64x64, batch 8
+
+Each (model, variant) runs in its own process (peak RSS is the process's `ru_maxrss`),
+with empty arbiter and Inductor caches (`ARBITER_CACHE_DIR`, `TORCHINDUCTOR_CACHE_DIR`):
+the first step (compiles) is timed alone, then `--steps` steps, of which the median is
+the step time. The loss is the mean square of the model's output; SGD with momentum.
+The first step's loss is checked against eager's (same seed, dropout aside: dropout's
+draws are eager's in every variant but Inductor's, so only arbiter's must match).
+
+    .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:cpu_all"]
+MODELS = ["bert", "gpt2", "resnet18"]
+
+
+def build(name: str):
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from arbiter.cli.examples import _HFOutput
+
+    torch.manual_seed(0)
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                         intermediate_size=1024, vocab_size=1000)
+        model = _HFOutput(BertModel(cfg, add_pooling_layer=False), "input_ids",
+                          "last_hidden_state")
+        x = torch.randint(0, 1000, (8, 128))
+    elif name == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+
+        cfg = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=1000, n_positions=128,
+                         bos_token_id=0, eos_token_id=0)
+        model = _HFOutput(GPT2Model(cfg), "input_ids", "last_hidden_state")
+        x = torch.randint(0, 1000, (8, 128))
+    elif name == "resnet18":
+        from transformers import ResNetConfig, ResNetModel
+
+        cfg = ResNetConfig(depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                           layer_type="basic", embedding_size=64)
+        model = _HFOutput(ResNetModel(cfg), "pixel_values", "pooler_output")
+        x = torch.randn(8, 3, 64, 64)
+    else:
+        raise SystemExit(f"unknown model {name!r}; one of {MODELS}")
+    return model.train(), x
+
+
+def one(name: str, variant: str, steps: int) -> dict:
+    import torch
+
+    model, x = build(name)
+    if variant == "eager":
+        fn = model
+    elif variant == "inductor":
+        fn = torch.compile(model)
+    elif variant.startswith("arbiter:"):
+        import arbiter
+
+        fn = torch.compile(model, backend=arbiter.Arbiter(variant.split(":", 1)[1]))
+    else:
+        raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = fn(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    torch.manual_seed(1)
+    start = time.perf_counter()
+    first_loss = step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"model": name, "variant": variant, "first_s": first,
+            "step_ms": statistics.median(times) * 1e3,
+            "step_spread_ms": [min(times) * 1e3, max(times) * 1e3],
+            "first_loss": first_loss,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(one(*args.one, args.steps)), flush=True)
+        return 0
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    print("| model | variant | first step s | step ms (median) [min-max] | vs faster of "
+          "eager/Inductor | peak RSS MB | first loss |")
+    print("|---|---|---:|---:|---:|---:|---:|", flush=True)
+    for name in args.models:
+        rows = {}
+        for variant in args.variants:
+            # cold compiles: fresh arbiter and Inductor caches for every process
+            with tempfile.TemporaryDirectory() as tmp:
+                env = {**os.environ, "ARBITER_CACHE_DIR": os.path.join(tmp, "arbiter"),
+                       "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+                proc = subprocess.run([sys.executable, __file__, "--one", name, variant,
+                                       "--steps", str(args.steps)], env=env,
+                                      capture_output=True, text=True, timeout=900)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode != 0 or not line:
+                print(f"| {name} | {variant} | failed: {proc.stderr.strip()[-300:]} |")
+                continue
+            rows[variant] = json.loads(line[0][7:])
+        base = [rows[v]["step_ms"] for v in ("eager", "inductor") if v in rows]
+        best = min(base) if base else None
+        for variant, r in rows.items():
+            ratio = f"{r['step_ms'] / best:.2f}x" if best else "-"
+            print(f"| {name} | {variant} | {r['first_s']:.1f} | {r['step_ms']:.1f} "
+                  f"[{r['step_spread_ms'][0]:.1f}-{r['step_spread_ms'][1]:.1f}] | {ratio} | "
+                  f"{r['peak_rss_mb']:.0f} | {r['first_loss']:.6f} |", flush=True)
+    print(f"load average at end: {os.getloadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

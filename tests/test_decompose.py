@@ -1,0 +1,327 @@
+"""Per-backend decompositions (arbiter/decompose.py): a node is decomposed only for the
+backend that takes it, the others get it whole; backward graphs stay whole on ONNX
+Runtime; gradients equal eager's."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import arbiter
+from arbiter.decompose import _convolution_backward, for_names
+from arbiter.ops import op_name
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _ops(gm) -> set[str]:
+    return {op_name(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _spy(be: arbiter.Arbiter, name: str, fail: bool = False) -> list:
+    """Record every graph handed to backend ``name``'s compile (and make it fail)."""
+    backend = be.backends[name]
+    original = backend.compile
+    seen: list = []
+
+    def compile(gm, example_inputs):
+        seen.append(gm)
+        if fail:
+            raise RuntimeError("injected compile failure")
+        return original(gm, example_inputs)
+
+    backend.compile = compile
+    return seen
+
+
+def _train(model, inputs, be, steps=2):
+    """Forward + backward through ``be`` and eager, ``steps`` times: the largest
+    differences of outputs and gradients (asserted close)."""
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=be)
+    for step in range(steps):
+        torch.manual_seed(step)
+        out = compiled(*inputs)
+        out.float().pow(2).mean().backward()
+        torch.manual_seed(step)
+        want = ref(*inputs)
+        want.float().pow(2).mean().backward()
+        torch.testing.assert_close(out, want, **TOL)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}: {m}")
+        for m in (model, ref):
+            m.zero_grad()
+
+
+class TanhMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_the_backend_that_asked_gets_the_node_decomposed(fresh_dynamo):
+    """ONNX Runtime's manifest decomposes tanh_backward: its backward partition gets
+    the decomposition (no tanh_backward), the plan keeps the node whole."""
+    torch.manual_seed(0)
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    seen = _spy(be, "onnxruntime")
+    _train(TanhMLP(), (torch.randn(4, 8),), be)
+    backward = [g for g in be.graphs if g.kind == "backward"][0]
+    assert "aten.tanh_backward.default" in _ops(backward.plan.graph_module)  # not lowered away
+    assert [p.backend for p in backward.plan.partitions] == ["onnxruntime"]
+    handed = [_ops(gm) for gm in seen]
+    assert not any("aten.tanh_backward.default" in ops for ops in handed)
+    assert any("aten.mul.Tensor" in ops and "aten.sub.Tensor" in ops for ops in handed)
+
+
+def test_another_backend_gets_the_node_whole(fresh_dynamo):
+    """Inductor first: it takes tanh_backward as it is; ONNX Runtime's wish changes
+    nothing there."""
+    torch.manual_seed(0)
+    be = arbiter.Arbiter({"backends": ["inductor", "onnxruntime"], "min_block_size": 1})
+    seen = _spy(be, "inductor")
+    _train(TanhMLP(), (torch.randn(4, 8),), be)
+    assert any("aten.tanh_backward.default" in _ops(gm) for gm in seen)
+
+
+def test_a_fallback_gets_the_partition_as_planned(fresh_dynamo):
+    """ONNX Runtime fails to compile: the next backend gets the backward partition with
+    tanh_backward whole (the decomposition was ONNX Runtime's alone)."""
+    torch.manual_seed(0)
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    _spy(be, "onnxruntime", fail=True)
+    seen = _spy(be, "inductor")
+    _train(TanhMLP(), (torch.randn(4, 8),), be)
+    assert any("aten.tanh_backward.default" in _ops(gm) for gm in seen)
+    backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
+    assert {p.backend for p in backward.partitions} == {"inductor"}
+
+
+def test_a_decomposition_the_backend_cannot_run_is_refused_with_why(tmp_path, fresh_dynamo):
+    """Without `aten.rsub` in its decompositions, ONNX Runtime cannot run tanh_backward's
+    decomposition (rsub is not in its manifest): refused, the reason names rsub."""
+    from arbiter.backends.onnxruntime import OnnxRuntime
+
+    doc = yaml.safe_load(OnnxRuntime.manifest_path().read_text())
+    doc["decompositions"] = [d for d in doc["decompositions"] if d != "aten.rsub"]
+    path = tmp_path / "ort.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "manifests": {"onnxruntime": str(path)}})
+    torch.manual_seed(0)
+    _train(TanhMLP(), (torch.randn(4, 8),), be)
+    backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
+    op = next(o for o in backward.ops if o.op == "aten.tanh_backward.default")
+    assert "onnxruntime" not in op.able
+    assert "aten.rsub.Scalar" in op.refused["onnxruntime"]
+    assert "decomposed for onnxruntime" in op.refused["onnxruntime"]
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), (3, 2, 2), (2, 0, 3)])
+def test_convolution_backward_decomposition_equals_aten(nd, stride, padding, dilation):
+    """arbiter's own decomposition (PyTorch's table has none) against ATen's kernel."""
+    torch.manual_seed(nd * 100 + stride * 10 + dilation)
+    x = torch.randn(2, 3, *[9 + k for k in range(nd)], dtype=torch.float64)
+    w = torch.randn(5, 3, *[3] * nd, dtype=torch.float64)
+    args = ([stride] * nd, [padding] * nd, [dilation] * nd, False, [0] * nd, 1)
+    out = torch.ops.aten.convolution(x, w, None, *args)
+    g = torch.randn_like(out)
+    for mask in ([True, True, True], [True, False, False], [False, True, True]):
+        want = torch.ops.aten.convolution_backward(g, x, w, [5], *args, mask)
+        got = _convolution_backward(g, x, w, [5], *args, mask)
+        for a, b in zip(want, got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a)
+
+
+def test_grouped_convolution_backward_is_not_decomposed(fresh_dynamo):
+    """groups > 1: no decomposition applies; ONNX Runtime refuses the node, saying so."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    _train(model, (torch.randn(2, 4, 9, 9),), be)
+    backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
+    op = next(o for o in backward.ops if o.op == "aten.convolution_backward.default")
+    assert op.nodes == 2 and op.placed.get("onnxruntime") == 1  # the plain one
+    assert "keeps the op itself" in op.refused["onnxruntime"]
+
+
+def test_decompositions_apply_leaves_the_partition_alone():
+    """``apply`` works on a copy: the graph eager and the other backends run is intact."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(g, y):
+        return (torch.ops.aten.tanh_backward(g, y) * 2,)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(3, 4), torch.randn(3, 4))
+    dec = for_names(["aten.tanh_backward", "aten.rsub"])
+    new = dec.apply(gm)
+    assert "aten.tanh_backward.default" in _ops(gm)
+    assert "aten.tanh_backward.default" not in _ops(new)
+    g, y = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(new(g, y)[0], gm(g, y)[0])
+    assert for_names(["aten.gelu_backward"]).apply(gm) is gm  # nothing to do: the same graph
+
+
+@pytest.mark.parametrize("model", ["small_cnn", "gpt2_tiny"])
+def test_backward_graphs_stay_whole_and_match_eager(model, fresh_dynamo):
+    """The default config: the backward graph is one ONNX Runtime partition (was 2 for
+    the small CNN, 19 for the demo's GPT-2 before per-backend decompositions), and the
+    gradients are eager's."""
+    from arbiter.cli.examples import load_model
+
+    if model == "gpt2_tiny":
+        pytest.importorskip("transformers")
+    net, inputs = load_model(model)
+    net.train()
+    be = arbiter.Arbiter(None)
+    _train(net, inputs, be)
+    report = be.report(advice=False)
+    backward = [g for g in report.graphs if g.kind == "backward"]
+    assert backward and all(len(g.partitions) == 1 for g in backward), \
+        [[(p.backend, p.nodes) for p in g.partitions] for g in backward]
+    assert all(p.backend == "onnxruntime" and not p.fallbacks
+               for g in backward for p in g.partitions)
+
+
+@pytest.mark.parametrize("shape,dim,correction,keepdim", [
+    ((4, 3, 5, 5), [0, 2, 3], 0, False), ((4, 3, 5, 5), [0, 2, 3], 1, True),
+    ((6, 7), -1, None, False), ((6, 7), None, 2, True), ((2, 3, 4), [1], 1, False)])
+def test_var_mean_decomposition_equals_aten(shape, dim, correction, keepdim):
+    """arbiter's var_mean (ATen reductions, no prims) against ATen's kernel."""
+    from arbiter.decompose import _var_mean
+
+    torch.manual_seed(len(shape) + (correction or 0))
+    x = torch.randn(*shape, dtype=torch.float64) * 3 + 1
+    want = torch.ops.aten.var_mean.correction(x, dim, correction=correction, keepdim=keepdim)
+    got = _var_mean(x, dim, correction=correction, keepdim=keepdim)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a)
+
+
+def test_squeeze_dims_decomposition_equals_aten():
+    from arbiter.decompose import _squeeze_dims
+
+    x = torch.randn(1, 3, 1, 4, 1)
+    for dims in ([0], [0, 2], [-1, 1], [1]):  # [1]: size 3, kept
+        torch.testing.assert_close(_squeeze_dims(x, dims), torch.ops.aten.squeeze.dims(x, dims))
+
+
+@pytest.mark.parametrize("first", ["onnxruntime", "inductor"])
+def test_training_batch_norm_on_a_backend_with_batch_statistics(first, fresh_dynamo):
+    """Training batch norm is decomposed for ONNX Runtime (batch statistics, new running
+    statistics as outputs; the exporter's own BatchNormalization normalizes with the
+    running statistics: refused by its validator), Inductor takes it whole: placed on
+    the first backend, not in eager; outputs, gradients and the running statistics
+    equal eager's over steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 4, 3), nn.BatchNorm2d(4, momentum=0.3))
+    model.train()
+    ref = copy.deepcopy(model)
+    backends = ["onnxruntime", "inductor"] if first == "onnxruntime" else ["inductor"]
+    be = arbiter.Arbiter({"backends": backends, "min_block_size": 3})
+    compiled = torch.compile(model, backend=be)
+    for step in range(3):
+        x = torch.randn(4, 3, 10, 10) * (step + 1) + step  # statistics that move
+        out = compiled(x)
+        out.pow(2).mean().backward()
+        want = ref(x)
+        want.pow(2).mean().backward()
+        torch.testing.assert_close(out, want, **TOL)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"{name}: {m}")
+        for (name, b), c in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b, c, **TOL, msg=lambda m: f"{name}: {m}")
+        for m in (model, ref):
+            m.zero_grad()
+    forward = [g for g in be.report(advice=False).graphs if g.kind == "forward"][0]
+    op = next(o for o in forward.ops
+              if o.op == "aten._native_batch_norm_legit_functional.default")
+    assert op.placed == {first: 2}, (op.placed, op.refused)
+    assert {p.backend for p in forward.partitions if p.backend != "eager"} == {first}
+    # only the running statistics' in-place updates are left to eager
+    assert all(set(p.ops) == {"aten.copy_.default"}
+               for p in forward.partitions if p.backend == "eager")
+
+
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+FLASH_BW = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+@pytest.mark.parametrize("causal,scale,lengths", [(False, None, (7, 7)), (True, None, (6, 6)),
+                                                  (True, 0.3, (5, 9)), (False, 0.5, (8, 3))])
+def test_flash_attention_decompositions_equal_aten(causal, scale, lengths):
+    """arbiter's attention forward returns the kernel's real logsumexp (PyTorch's
+    decomposition returns the attention matrix in its place), and its backward from that
+    logsumexp equals the kernel's gradients."""
+    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
+
+    torch.manual_seed(sum(lengths))
+    q = torch.randn(2, 3, lengths[0], 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 3, lengths[1], 8, dtype=torch.float64) for _ in range(2))
+    out, lse = FLASH(q, k, v, 0.0, causal, scale=scale)[:2]
+    got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    torch.testing.assert_close(got_out, out)
+    torch.testing.assert_close(got_lse, lse)
+    g = torch.randn_like(out)
+    want = FLASH_BW(g, q, k, v, out, lse, 0.0, causal, scale=scale)
+    got = _flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal, scale=scale)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a)
+    from torch._decomp import decomposition_table
+
+    assert decomposition_table[FLASH](q, k, v, 0.0, causal, scale=scale)[1].shape != lse.shape
+
+
+def test_probe_checks_the_logsumexp_a_backward_reads():
+    """The probe's check of unreturned outputs (what a backward graph reads) on the
+    attention op: its logsumexp, computed through ONNX Runtime's decomposition, equals
+    eager's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from arbiter.probe.opinfo import probe_sample, probe_unreturned
+
+    backend = arbiter.get_backend_class("onnxruntime")()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    gm = make_fx(lambda q, k, v: (FLASH(q, k, v, 0.0, True)[0],))(q, k, v)
+    status, stage, reason, _ = probe_sample(backend, gm, [q, k, v])
+    assert status == "passed", (stage, reason)
+    added, wrong = probe_unreturned(backend, gm, [q, k, v])
+    assert [k for _, k in added] == [1] and not wrong
+
+
+class Attention(nn.Module):
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.qkv, self.out = nn.Linear(32, 96), nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
+    """SDPA in a training step: forward and backward each one ONNX Runtime partition,
+    no run-time fallback (was: "Got invalid dimensions for output: getitem_1", then
+    Inductor), gradients equal eager's."""
+    torch.manual_seed(0)
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    _train(Attention(causal), (torch.randn(2, 16, 32),), be)
+    report = be.report(advice=False)
+    for g in report.graphs:
+        assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == \
+            [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
