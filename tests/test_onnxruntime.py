@@ -40,3 +40,34 @@ def test_the_fusion_stays_on_for_matrix_products():
     gm = trace(_mm_t, a, b)
     assert _unsound_optimizers(gm) == ()
     torch.testing.assert_close(OnnxRuntime().compile(gm, [a, b])(a, b)[0], _mm_t(a, b)[0], **TOL)
+
+
+def _three_outputs(a, b):
+    return (torch.tanh(a) @ b, (a * 2).sum(0), a[:0] * 3)  # the last has no elements
+
+
+def test_direct_binding_matches_eager_and_the_public_calls():
+    """OrtRunner binds and runs through ONNX Runtime's C++ objects (per_call_floor.py):
+    the same results as eager and as the public IOBinding calls, on inputs the session
+    was not built with (a transposed one among them), in fresh output buffers each call."""
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 3), torch.randn(3, 4)
+    runner = OnnxRuntime().compile(trace(_three_outputs, a, b), [a, b])
+    assert runner._c is not None  # the direct path is the one under test
+    for x, y in [(torch.randn(5, 3), torch.randn(3, 4)),
+                 (torch.randn(3, 5).t(), torch.randn(4, 3).t())]:
+        want = _three_outputs(x, y)
+        got = runner(x, y)
+        again = runner(x, y)
+        for g, g2, w in zip(got, again, want):
+            torch.testing.assert_close(g, w, **TOL)
+            assert g.shape == w.shape and torch.equal(g, g2)
+            assert g.numel() == 0 or g.data_ptr() != g2.data_ptr()
+        public = runner._c
+        runner._c = None  # the public IOBinding calls
+        try:
+            slow = runner(x, y)
+        finally:
+            runner._c = public
+        for g, s in zip(got, slow):
+            assert torch.equal(g, s)
