@@ -9,7 +9,10 @@ arguments it receives in a real call (captured once):
   runtime wrapper, then what arbiter returned;
 * ``arbiter fn``: what arbiter returned to AOTAutograd (the frozen-weight guard around the
   stitched module, or the direct path), called with AOT's flat arguments;
-* ``stitched``: the stitched GraphModule (``GraphModule.__call__``, the pieces);
+* ``stitched``: the stitched GraphModule (``GraphModule.__call__``, the pieces); for a
+  graph of one partition arbiter calls the piece directly instead (``run.split.Direct``),
+  and this row is what the GraphModule would cost;
+* ``Direct``: what the guard calls when the graph is one partition (``run.split.Direct``);
 * ``piece``: the partition's ``Piece`` (fallback bookkeeping, output checks);
 * ``runner``: the backend's own callable (``OrtRunner``: IOBinding by pointer, torch
   allocates the outputs);
@@ -112,6 +115,8 @@ def capture(model, x, threads: int):
             inner = state[1]
     if isinstance(inner, torch.fx.GraphModule):
         stitched = inner
+    elif isinstance(getattr(inner, "gm", None), torch.fx.GraphModule):  # run.split.Direct
+        stitched = inner.gm
     piece = None
     piece_args = None
     if stitched is not None:
@@ -132,7 +137,7 @@ def capture(model, x, threads: int):
         piece = getattr(inner, "piece", None)
         if piece is not None:
             piece_args = tuple(fn_args[i] for i in inner.positions)
-    return compiled, fn, fn_args, stitched, piece, piece_args, be
+    return compiled, fn, fn_args, stitched, piece, piece_args, be, inner
 
 
 def ort_alone(model, x):
@@ -201,12 +206,15 @@ def main() -> None:
     model.eval()
     ctx = torch.enable_grad() if args.grad else torch.no_grad()
     with ctx:
-        compiled, fn, fn_args, stitched, piece, piece_args, be = capture(model, x, args.threads)
+        compiled, fn, fn_args, stitched, piece, piece_args, be, inner = capture(
+            model, x, args.threads)
         plan = be.graphs[-1]
         print(f"graph: {plan.kind}, {len(plan.plan.partitions)} partition(s): "
               f"{[r.backend for r in plan.records.values()]}; arbiter fn: {type(fn).__name__}")
         runner = piece._fn if piece is not None else None
         fns = {"compiled": lambda: compiled(x), "arbiter fn": lambda: fn(*fn_args)}
+        if inner is not fn and inner is not stitched:
+            fns[type(inner).__name__] = lambda: inner(*fn_args)
         if stitched is not None:
             fns["stitched"] = lambda: stitched(*fn_args)
         if piece is not None:
