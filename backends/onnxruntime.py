@@ -17,6 +17,7 @@ Runtime and handed over as a tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Literal, Optional
 
@@ -298,11 +299,55 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return ()
 
 
+#: (class, from_torchlib's arguments, ops registered with torch) -> the registry built
+_REGISTRIES: dict = {}
+
+
+@contextlib.contextmanager
+def _registry_once():
+    """``torch.onnx.export`` builds its registry of ATen -> ONNX translations afresh on
+    every call (about 1 s: onnxscript's torchlib walked, every op looked up), and arbiter
+    exports once per partition and per candidate. Within this block the registry is built
+    once per process and every export gets its own copy of it (a dict of lists: an
+    exporter that adds custom translations changes only its copy). Key: the arguments and
+    the number of operators registered with torch (a library loaded since, with ops
+    torchlib translates, gets a new registry, as it would have). Where the registry holds
+    more than the two fields copied (another torch), nothing is cached."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+        real = _registration.ONNXRegistry.__dict__["from_torchlib"]
+        build = real.__func__
+    except Exception:  # noqa: BLE001 - another torch: its own registry every time
+        yield
+        return
+    ops = len(torch._C._dispatch_get_all_op_names())
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())), ops)
+        base = _REGISTRIES.get(key)
+        if base is None:
+            base = build(cls, *args, **kwargs)
+            if set(vars(base)) != {"_opset_version", "functions"}:
+                return base
+            _REGISTRIES.clear()  # one kept: the ops count only grows
+            _REGISTRIES[key] = base
+        copy = cls.__new__(cls)
+        copy._opset_version = base._opset_version
+        copy.functions = {k: list(v) for k, v in base.functions.items()}
+        return copy
+
+    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        _registration.ONNXRegistry.from_torchlib = real
+
+
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
                 dynamic: bool = False):
     """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
     ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
-    with quiet():
+    with quiet(), _registry_once():
         # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
         # strict export would run Dynamo inside the user's compiled call
         exported = export_program(gm, args, dynamic=dynamic)

@@ -71,3 +71,39 @@ def test_direct_binding_matches_eager_and_the_public_calls():
             runner._c = public
         for g, s in zip(got, slow):
             assert torch.equal(g, s)
+
+
+def test_the_onnx_registry_is_built_once_and_each_export_gets_its_own_copy(monkeypatch):
+    """torch.onnx.export rebuilds its ATen -> ONNX registry on every call (about 1 s);
+    arbiter's exports build it once per process and hand each export a copy."""
+    from torch.onnx._internal.exporter import _registration
+
+    from arbiter.backends import onnxruntime as ortmod
+
+    built = []
+    real = _registration.ONNXRegistry.__dict__["from_torchlib"]
+
+    def counting(cls, *a, **k):
+        built.append(1)
+        return real.__func__(cls, *a, **k)
+
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib", classmethod(counting))
+    monkeypatch.setattr(ortmod, "_REGISTRIES", {})
+    seen = []
+    with ortmod._registry_once():
+        for _ in range(3):
+            seen.append(_registration.ONNXRegistry.from_torchlib())
+    assert len(built) == 1
+    assert seen[0] is not seen[1] and seen[0].functions is not seen[1].functions
+    name = next(iter(seen[0].functions))
+    seen[0].functions[name].append("changed")  # an exporter adding a translation
+    assert seen[1].functions[name][-1] != "changed"
+    with ortmod._registry_once():
+        again = _registration.ONNXRegistry.from_torchlib()
+    assert len(built) == 1 and again.functions[name][-1] != "changed"
+    # outside the block, torch's own method again; exports still match eager
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"].__func__ is counting
+    a, b = torch.randn(5, 3), torch.randn(5, 4)
+    for _ in range(2):
+        got = OnnxRuntime().compile(trace(_mm_t, a, b), [a, b])(a, b)[0]
+        torch.testing.assert_close(got, _mm_t(a, b)[0], **TOL)
