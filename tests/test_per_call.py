@@ -138,3 +138,38 @@ def test_direct_refuses_graphs_with_more_than_the_call():
     item = g.call_function(operator.getitem, (call, 0))
     g.output((g.call_function(torch.ops.aten.tanh.default, (item,)),))
     assert direct(torch.fx.GraphModule(nn.Module(), g)) is None
+
+
+@pytest.mark.parametrize("fault", ["raises", "wrong shape"])
+def test_the_steady_state_path_still_checks_and_demotes(fresh_dynamo, monkeypatch, fault):
+    """After its first calls a piece takes a short path (run.piece.Piece._fast): the
+    backend's call and the output check. A backend that fails there, by raising or by
+    returning the wrong shape, is demoted as before and the call answers correctly."""
+    from arbiter.backends import onnxruntime as ortmod
+    from arbiter.run.piece import Piece
+
+    model = _mlp()
+    be, made = _spied(None)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=be)
+        for _ in range(4):
+            compiled(torch.randn(4, 16))
+        pieces = [n.target for n in _inner(made[0]).graph.nodes
+                  if n.op == "call_function" and isinstance(n.target, Piece)]
+        assert len(pieces) == 1 and pieces[0]._fast is not None
+        real = ortmod.OrtRunner.__call__
+
+        def broken(self, *args):
+            if fault == "raises":
+                raise RuntimeError("injected run failure")
+            return [o[:1] for o in real(self, *args)]
+
+        monkeypatch.setattr(ortmod.OrtRunner, "__call__", broken)
+        for _ in range(2):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    (rec,) = be.graphs[0].records.values()
+    assert rec.backend == "inductor" and len(rec.fallbacks) == 1
+    assert rec.fallbacks[0].stage == "run"
+    assert ("wrong output" in rec.fallbacks[0].reason) == (fault == "wrong shape")
+    assert pieces[0]._fast is None or pieces[0]._fast[0] == 1

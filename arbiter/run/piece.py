@@ -247,6 +247,10 @@ class Piece:
         self.timed = False  # set by a timed run (the report's per-partition times)
         self._served: list = []  # cache entries the current backend was compiled from
         self._compile_timeout = compile_timeout_s
+        # (level, callable) once calls of the current backend need nothing but the output
+        # check (no verify, no restriding, devices checked): ``__call__``'s short path.
+        # Reset (under the lock) whenever the level changes.
+        self._fast: Optional[tuple[int, Callable]] = None
 
     @property
     def _fn(self) -> Callable:
@@ -254,6 +258,21 @@ class Piece:
         return self._current[1]
 
     def __call__(self, *args: Any) -> Any:
+        fast = self._fast
+        if fast is not None and not self.timed:
+            # the steady state: the backend's call and the output check, as in _call
+            level, fn = fast
+            try:
+                out = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - demote, then the full path
+                self._demote_from(level, "run", describe(exc), args)
+                return self._call(*args)
+            if self._specs is not None:
+                why = check_meta(out, self._specs, False)
+                if why is not None:
+                    self._demote_from(level, "run", f"wrong output: {why}", args)
+                    return self._call(*args)
+            return out
         if self.timed:
             start = time.perf_counter()
             out = self._call(*args)
@@ -297,7 +316,16 @@ class Piece:
                 expected = self._verify(level, fn, args, before, out)
                 if expected is not None:
                     return expected
+            elif self._fast is None and self._verify_mode == "off" and \
+                    not self._restride and self._device_checks <= 0:
+                self._go_fast(level, fn)
             return self._restrided(out)
+
+    def _go_fast(self, level: int, fn: Callable) -> None:
+        """Let ``__call__`` take its short path with ``fn``, unless the level moved on."""
+        with self._lock:
+            if self._current == (level, fn):
+                self._fast = (level, fn)
 
     def _restrided(self, out: Any) -> Any:
         if not self._restride:
@@ -400,6 +428,7 @@ class Piece:
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
                 _evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
+        self._fast = None
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
