@@ -2,7 +2,7 @@
 (issue 18, item 6).
 
     .venv/bin/python bench/compile_time.py [--models bert_small resnet18]
-        [--contenders ort_alone ov_alone priority measure] [--threads 2]
+        [--contenders ort_alone ov_alone priority measure] [--threads 2] [--repeats 1]
 
 Models (random weights, seeded; eval, ``torch.no_grad``): ``bert_small``, a BERT encoder
 from transformers' ``BertConfig`` (4 layers, 256 wide, 4 heads, sequence 128);
@@ -193,6 +193,8 @@ def main() -> None:
     ap.add_argument("--contenders", nargs="+",
                     default=["ort_alone", "ov_alone", "priority", "measure"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each contender, in turns; the fastest is tabulated")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -200,30 +202,39 @@ def main() -> None:
         print("RESULT " + json.dumps(worker(model, contender, int(threads))))
         return
     print(f"load average at start {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    rows = []
-    for model in args.models:
-        for contender in args.contenders:
-            runs = ["cold", "warm"] if contender in ("priority", "measure") else ["cold"]
-            with tempfile.TemporaryDirectory(prefix="arb-ct-") as cache:
-                env = dict(os.environ, ARBITER_CACHE_DIR=cache,
-                           TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
-                for run in runs:
-                    t0 = time.perf_counter()
-                    proc = subprocess.run(
-                        [sys.executable, __file__, "--worker", model, contender,
-                         str(args.threads)], env=env, capture_output=True, text=True)
-                    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                    if proc.returncode or not line:
-                        print(f"{model} {contender} {run}: FAILED\n{proc.stderr[-2000:]}",
-                              file=sys.stderr)
-                        continue
-                    res = json.loads(line[0][7:])
-                    res["process_s"] = time.perf_counter() - t0
-                    rows.append((model, contender, run, res))
-                    print(f"{model:<11} {contender:<9} {run:<4} " + " ".join(
-                        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in res.items()), flush=True)
+    rows: dict = {}
+    for rep in range(args.repeats):  # contenders take turns: load drifts fall on all
+        for model in args.models:
+            for contender in args.contenders:
+                runs = ["cold", "warm"] if contender in ("priority", "measure") else ["cold"]
+                with tempfile.TemporaryDirectory(prefix="arb-ct-") as cache:
+                    env = dict(os.environ, ARBITER_CACHE_DIR=cache,
+                               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+                    for run in runs:
+                        t0 = time.perf_counter()
+                        proc = subprocess.run(
+                            [sys.executable, __file__, "--worker", model, contender,
+                             str(args.threads)], env=env, capture_output=True, text=True)
+                        line = [ln for ln in proc.stdout.splitlines()
+                                if ln.startswith("RESULT ")]
+                        if proc.returncode or not line:
+                            print(f"{model} {contender} {run}: FAILED\n{proc.stderr[-2000:]}",
+                                  file=sys.stderr)
+                            continue
+                        res = json.loads(line[0][7:])
+                        res["process_s"] = time.perf_counter() - t0
+                        rows.setdefault((model, contender, run), []).append(res)
+                        print(f"{model:<11} {contender:<9} {run:<4} " + " ".join(
+                            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in res.items()), flush=True)
     print(f"load average at end {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"\nfastest of {args.repeats} run(s) each, seconds (the phases of that run):")
+    keys = ["total", "dynamo", "aot+plan", "pieces", "export", "session", "convert"]
+    print(f"{'model':<11} {'contender':<9} {'run':<4} " + " ".join(f"{k:>8}" for k in keys))
+    for (model, contender, run), got in rows.items():
+        best = min(got, key=lambda r: r["total"])
+        print(f"{model:<11} {contender:<9} {run:<4} " + " ".join(
+            f"{best[k]:>8.2f}" if k in best else f"{'-':>8}" for k in keys))
 
 
 if __name__ == "__main__":
