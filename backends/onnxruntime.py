@@ -316,6 +316,9 @@ def _registry_once():
     try:
         from torch.onnx._internal.exporter import _registration
         real = _registration.ONNXRegistry.__dict__["from_torchlib"]
+        # another thread's export inside this block (a compile left running past
+        # compile_timeout_s): restore torch's own method, not that thread's stand-in
+        real = getattr(real.__func__, "_arbiter_real", real)
         build = real.__func__
     except Exception:  # noqa: BLE001 - another torch: its own registry every time
         yield
@@ -336,6 +339,7 @@ def _registry_once():
         copy.functions = {k: list(v) for k, v in base.functions.items()}
         return copy
 
+    from_torchlib._arbiter_real = real
     _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
     try:
         yield

@@ -107,3 +107,20 @@ def test_the_onnx_registry_is_built_once_and_each_export_gets_its_own_copy(monke
     for _ in range(2):
         got = OnnxRuntime().compile(trace(_mm_t, a, b), [a, b])(a, b)[0]
         torch.testing.assert_close(got, _mm_t(a, b)[0], **TOL)
+
+
+def test_overlapping_exports_leave_torch_its_own_registry_method():
+    """Two exports overlapping in time (a compile left running past compile_timeout_s)
+    each put the shared registry in place; whichever ends last, torch's own method is
+    what stays."""
+    from torch.onnx._internal.exporter import _registration
+
+    from arbiter.backends import onnxruntime as ortmod
+
+    own = _registration.ONNXRegistry.__dict__["from_torchlib"]
+    first, second = ortmod._registry_once(), ortmod._registry_once()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
+    assert _registration.ONNXRegistry.__dict__["from_torchlib"] is own
