@@ -3,12 +3,14 @@
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
 dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
 here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
-folds and prepacks.
+folds and prepacks. The exporter's ATen -> ONNX registry is built once per process, not
+once per partition (``_registry_once``).
 
 Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
 results), and outputs are written by ONNX Runtime straight into tensors that torch
-allocated, which are then handed on as they are.
+allocated, which are then handed on as they are; the binding and the run go straight to
+ONNX Runtime's C++ objects (``OrtRunner``).
 
 A partition with symbolic shapes is exported once with symbolic ONNX dimensions
 (``backends/_export.py``): one session serves every size. Its output shapes are computed
