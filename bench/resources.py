@@ -156,8 +156,8 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
 
     first: list = []
 
-    def spy(gm, kind, constants):  # keep the stitched module and its first inputs
-        out = compile_graph(gm, kind, constants)
+    def spy(gm, kind, constants, **kw):  # keep the stitched module and its first inputs
+        out = compile_graph(gm, kind, constants, **kw)
         stitched.append(out)
 
         def recording(*args):
