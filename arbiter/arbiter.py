@@ -9,6 +9,7 @@ graph::
           policy.choose(planner, graph)           # plan.policy: who runs what
           run.split.extract / run.piece.Piece     # one lazily compiled piece per partition
           run.split.stitch                        # one GraphModule calling the pieces
+                                                  # (run.split.Direct: one piece, called)
           run.measured.MeasuredGraph              # a policy that times on the first call
           run.freeze.FrozenGraph                  # frozen weights checked on every call
     Arbiter.report()                              # report.build, from the live records

@@ -3,12 +3,14 @@
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
 dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
 here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
-folds and prepacks.
+folds and prepacks. The exporter's ATen -> ONNX registry is built once per process, not
+once per partition (``_registry_once``).
 
 Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
 results), and outputs are written by ONNX Runtime straight into tensors that torch
-allocated, which are then handed on as they are.
+allocated, which are then handed on as they are; the binding and the run go straight to
+ONNX Runtime's C++ objects (``OrtRunner``).
 
 A partition with symbolic shapes is exported once with symbolic ONNX dimensions
 (``backends/_export.py``): one session serves every size. Its output shapes are computed
@@ -17,6 +19,7 @@ Runtime and handed over as a tensor.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Literal, Optional, Union
 
@@ -298,11 +301,59 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return ()
 
 
+#: (class, from_torchlib's arguments, ops registered with torch) -> the registry built
+_REGISTRIES: dict = {}
+
+
+@contextlib.contextmanager
+def _registry_once():
+    """``torch.onnx.export`` builds its registry of ATen -> ONNX translations afresh on
+    every call (about 1 s: onnxscript's torchlib walked, every op looked up), and arbiter
+    exports once per partition and per candidate. Within this block the registry is built
+    once per process and every export gets its own copy of it (a dict of lists: an
+    exporter that adds custom translations changes only its copy). Key: the arguments and
+    the number of operators registered with torch (a library loaded since, with ops
+    torchlib translates, gets a new registry, as it would have). Where the registry holds
+    more than the two fields copied (another torch), nothing is cached."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+        real = _registration.ONNXRegistry.__dict__["from_torchlib"]
+        # another thread's export inside this block (a compile left running past
+        # compile_timeout_s): restore torch's own method, not that thread's stand-in
+        real = getattr(real.__func__, "_arbiter_real", real)
+        build = real.__func__
+    except Exception:  # noqa: BLE001 - another torch: its own registry every time
+        yield
+        return
+    ops = len(torch._C._dispatch_get_all_op_names())
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())), ops)
+        base = _REGISTRIES.get(key)
+        if base is None:
+            base = build(cls, *args, **kwargs)
+            if set(vars(base)) != {"_opset_version", "functions"}:
+                return base
+            _REGISTRIES.clear()  # one kept: the ops count only grows
+            _REGISTRIES[key] = base
+        copy = cls.__new__(cls)
+        copy._opset_version = base._opset_version
+        copy.functions = {k: list(v) for k, v in base.functions.items()}
+        return copy
+
+    from_torchlib._arbiter_real = real
+    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        _registration.ONNXRegistry.from_torchlib = real
+
+
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
                 dynamic: bool = False):
     """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
     ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
-    with quiet():
+    with quiet(), _registry_once():
         # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
         # strict export would run Dynamo inside the user's compiled call
         exported = export_program(gm, args, dynamic=dynamic)
@@ -313,7 +364,15 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
 
 class OrtRunner(Runner):
     """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors.
-    Int inputs (a symbolic partition's sizes) are bound as int64 scalars."""
+    Int inputs (a symbolic partition's sizes) are bound as int64 scalars.
+
+    Per call, the binding and the run go straight to ONNX Runtime's C++ objects
+    (``IOBinding._iobinding``, ``InferenceSession._sess``) with a CPU device made once:
+    the Python wrappers around them rebuild an ``OrtDevice`` per binding and check WebGPU
+    graph capture on every run, about 2 us each, more than the run of a small partition
+    (bench/README.md, ``per_call_floor.py``). Those wrappers add nothing else for a CPU
+    session; where the private objects are missing (another onnxruntime) or graph capture
+    is on, the public calls are used."""
 
     def __init__(self, sess, in_names: list[str], out_names: list[str], example_args: tuple,
                  out_vals: list, in_vals: Optional[list] = None):
@@ -329,11 +388,18 @@ class OrtRunner(Runner):
                          else np.dtype("int64") for a in example_args]
         self.out_names = out_names
         self.out_np = [np.dtype(_NP_NAMES[dtype]) for _, dtype in self.out_specs]
+        self._c = _c_session(sess)  # (C++ session, CPU device) or None: public calls
+        # static outputs: (name, shape, dtype, numpy type, has elements), made once
+        self._static_outs = None if self.dynamic else [
+            (name, shape, dtype, np_type, all(s != 0 for s in shape))
+            for name, (shape, dtype), np_type in zip(out_names, self.out_specs, self.out_np)]
 
     def new_handle(self):
         return self.sess.io_binding()
 
     def __call__(self, *args: torch.Tensor):
+        if self._c is not None and self._static_outs is not None:
+            return self._call_c(args)
         b = self.handle()
         keep = []  # contiguous copies and int scalars live until the run is done
         for name, t, np_type in zip(self.in_names, args, self.in_types):
@@ -361,3 +427,54 @@ class OrtRunner(Runner):
             outs = [torch.from_numpy(got[k].numpy()) if o is None else o
                     for k, o in enumerate(outs)]
         return outs
+
+    def _call_c(self, args) -> list:
+        """``__call__`` for static output shapes, on ONNX Runtime's C++ objects (see the
+        class): the same bindings, the same checks, fewer Python layers."""
+        b = self.handle()._iobinding
+        sess, device = self._c
+        keep = []  # contiguous copies and int scalars live until the run is done
+        for name, t, np_type in zip(self.in_names, args, self.in_types):
+            if isinstance(t, torch.Tensor):
+                if not t.is_contiguous():
+                    t = self.contiguous(t)
+            else:
+                t = torch.tensor(t, dtype=torch.int64)
+            keep.append(t)
+            b.bind_input(name, device, np_type, t.shape, t.data_ptr())
+        outs = []
+        for name, shape, dtype, np_type, filled in self._static_outs:
+            o = torch.empty(shape, dtype=dtype)
+            if filled:
+                b.bind_output(name, device, np_type, shape, o.data_ptr())
+            else:  # nothing to write, and IOBinding refuses a zero-size tensor's null pointer
+                b.bind_output(name, device)
+            outs.append(o)
+        sess.run_with_iobinding(b, None)
+        return outs
+
+
+def _c_session(sess) -> Optional[tuple]:
+    """(the C++ session, a CPU ``OrtDevice``) for ``OrtRunner``'s direct calls, or None
+    where this onnxruntime lacks them or the session captures graphs (WebGPU): the public
+    wrappers then do their own bookkeeping."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as C
+        from onnxruntime.capi.onnxruntime_inference_collection import IOBinding, OrtDevice
+
+        c_sess = sess._sess
+        capture = getattr(c_sess, "is_webgpu_graph_capture_enabled", None)
+        if capture is not None and capture():
+            return None
+        if not hasattr(IOBinding(sess), "_iobinding") or \
+                any(p != "CPUExecutionProvider" for p in sess.get_providers()):
+            return None
+        device = OrtDevice.make("cpu", 0)._get_c_device()
+        if not isinstance(device, C.OrtDevice) or \
+                not callable(getattr(c_sess, "run_with_iobinding", None)):
+            return None
+        return c_sess, device
+    except Exception:  # noqa: BLE001 - any doubt: the public calls
+        log.debug("ONNX Runtime's C++ objects are not reachable; public IOBinding calls",
+                  exc_info=True)
+        return None

@@ -156,8 +156,8 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
 
     first: list = []
 
-    def spy(gm, kind, constants):  # keep the stitched module and its first inputs
-        out = compile_graph(gm, kind, constants)
+    def spy(gm, kind, constants, **kw):  # keep the stitched module and its first inputs
+        out = compile_graph(gm, kind, constants, **kw)
         stitched.append(out)
 
         def recording(*args):
@@ -191,7 +191,7 @@ def child(variant: str, k: int, calls: int, cache: str, dim: int = 512) -> dict:
                     steps.append((fn, tuple(args), dict(kwargs)))
                 return out
 
-        gm = stitched[0]
+        gm = getattr(stitched[0], "gm", stitched[0])  # a one-partition graph: run.split.Direct
         Recorder(gm).run(*first[0])
         is_eager = [isinstance(f, torch._ops.OpOverload) for f, _, _ in steps]
 

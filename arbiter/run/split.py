@@ -6,7 +6,9 @@ Each non-inline partition becomes its own GraphModule taking the values that flo
 The stitched graph keeps the original placeholders and output, runs inline (eager)
 partitions' ATen nodes in place, and calls every other partition through one
 ``call_function`` node followed by ``getitem``s: FX generates straight-line Python for
-it, so stitching costs one Python call per partition and nothing per eager node.
+it, so stitching costs one Python call per partition and nothing per eager node. A graph
+that is nothing but one partition's call skips the GraphModule (``Direct``): its call
+machinery costs as much as a small partition's run.
 
 Symbolic sizes cross boundaries as ints (SymInt placeholders, and the size arithmetic
 Dynamo leaves as ``operator.mul`` nodes, which run inline). A partition reads what it can
@@ -225,8 +227,9 @@ def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
 
 
 def stitch(plan: Plan, runners: dict[int, tuple[Subgraph, Callable]],
-           inline: set[int]) -> torch.fx.GraphModule:
-    """One GraphModule that runs the partitions in plan order.
+           inline: set[int]) -> Callable:
+    """One GraphModule that runs the partitions in plan order; a ``Direct`` call of the
+    one partition when that is all the graph does (``direct``).
 
     ``runners[pid] = (subgraph, callable)`` for partitions run by a backend; partitions
     in ``inline`` keep their ATen nodes in place.
@@ -263,4 +266,74 @@ def stitch(plan: Plan, runners: dict[int, tuple[Subgraph, Callable]],
         if node.op == "output":
             graph.node_copy(node, lambda n: env[n])
     graph.lint()
-    return torch.fx.GraphModule(root, graph, class_name="Stitched")
+    gm = torch.fx.GraphModule(root, graph, class_name="Stitched")
+    return direct(gm) or gm
+
+
+class Direct:
+    """A stitched graph that is one partition's call and nothing else, called directly.
+
+    ``GraphModule.__call__`` (``nn.Module``'s call machinery, the generated ``forward``,
+    one ``getitem`` per output) costs about 2 us a call, as much as a small partition's
+    whole run on ONNX Runtime (bench/README.md, ``per_call_floor.py``). This does the
+    same work: it picks the partition's inputs from the graph's, calls it, and returns
+    the graph's outputs (the partition's, or graph inputs returned as they are) as the
+    stitched module would, a tuple. ``gm`` is that stitched module (what ``graph``
+    shows, and what runs the same thing the slow way)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, fn: Callable, picks: list[int],
+                 outs: list[tuple[bool, int]]):
+        self.gm = gm
+        self.graph = gm.graph
+        self._fn = fn
+        self._picks = picks
+        self._pick = operator.itemgetter(*picks) if len(picks) > 1 else None
+        self._outs = outs
+        # every output of the partition, in order, and nothing else: its list as a tuple
+        self._whole = outs == [(True, k) for k in range(len(outs))]
+
+    def __call__(self, *args: Any) -> tuple:
+        picks = self._picks
+        if self._pick is not None:
+            got = self._fn(*self._pick(args))
+        elif picks:
+            got = self._fn(args[picks[0]])
+        else:
+            got = self._fn()
+        if self._whole and len(got) == len(self._outs):
+            return tuple(got)
+        return tuple(got[k] if mine else args[k] for mine, k in self._outs)
+
+
+def direct(gm: torch.fx.GraphModule) -> "Direct | None":
+    """``gm`` as a ``Direct`` call when it is placeholders, one call of a partition, its
+    ``getitem``s and an output tuple of those and of placeholders; else None."""
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_function" and n.target is not operator.getitem]
+    outputs = [n for n in nodes if n.op == "output"]
+    if len(calls) != 1 or len(outputs) != 1 or \
+            any(n.op not in ("placeholder", "call_function", "output") for n in nodes):
+        return None
+    call = calls[0]
+    if call.kwargs or not all(a in placeholders for a in call.args):
+        return None
+    getitems = {}
+    for n in nodes:
+        if n.op == "call_function" and n.target is operator.getitem:
+            if n.args[0] is not call or n.kwargs or not isinstance(n.args[1], int):
+                return None
+            getitems[n] = n.args[1]
+    result = outputs[0].args[0]
+    if not isinstance(result, tuple) or outputs[0].kwargs:
+        return None
+    position = {n: i for i, n in enumerate(placeholders)}
+    outs = []
+    for r in result:
+        if r in getitems:
+            outs.append((True, getitems[r]))
+        elif r in position:
+            outs.append((False, position[r]))
+        else:
+            return None
+    return Direct(gm, call.target, [position[a] for a in call.args], outs)
