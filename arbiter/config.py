@@ -68,6 +68,10 @@ class MeasureOptions(BaseModel):
     refine: bool = Field(True, description="after the whole-graph candidates, move one "
                          "partition of the best at a time to another able backend, keeping "
                          "moves that beat it by more than 3% (Collage-style), within the budget")
+    refine_patience: StrictInt = Field(
+        5, ge=0, description="stop refining after this many moves in a row that did not "
+        "win (each move compiles its new partitions: on BERT-style models the whole 120 s "
+        "budget went to moves that never won); 0: only the budget stops it")
     progress: bool = Field(True, description="show a progress line on stderr when "
                            "measuring takes more than 2 s (it is logged at INFO anyway)")
 

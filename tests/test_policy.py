@@ -330,3 +330,29 @@ def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, m
     torch.compile(f, backend=be)(torch.randn(4, 8))
     out = _graph(be).outcome
     assert out.rounds == 7 and out.confident is False
+
+
+@pytest.mark.parametrize("patience", [1, 2, 0])
+def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_path,
+                                                                monkeypatch, fresh_dynamo,
+                                                                patience):
+    """Each refinement move compiles; moves that never win used to take the whole budget
+    (measure.refine_patience). 0: only the budget stops it (every move is tried)."""
+    from arbiter.run.measured import MeasuredGraph
+
+    # whole-graph candidates cost 1; every refinement move is slower: none wins
+    def sample(cand, fn, inner, args):
+        fn(*args)
+        return 2.0 if cand.label.startswith("refine:") else 1.0
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    be = arbiter.Arbiter(_config(tmp_path, refine_patience=patience))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    refined = [k for k in out.candidates_ms if k.startswith("refine")]
+    if patience:
+        assert len(refined) == patience, refined
+    else:
+        assert len(refined) > 2, refined  # f's moves: more than the patiences above
+    assert not out.chosen.startswith("refine")

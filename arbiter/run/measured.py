@@ -383,7 +383,7 @@ class MeasuredGraph:
         """Move one partition of the best measured placement at a time to another
         backend able to run all of it; keep a move when the whole graph gets faster by
         more than REFINE_MARGIN twice (``_beats``; timings here are noisy); stop when the
-        budget is spent."""
+        budget is spent, or after ``refine_patience`` moves in a row that did not win."""
         opts = self._opts
         best = self._pick(lowered=False)  # refined from the best float32 placement
         if best is None or best.measured_ms is None:
@@ -392,6 +392,8 @@ class MeasuredGraph:
         prefer = {n.name: p.backend for p in best.plan.partitions for n in p.nodes}
         seen = {plan_key(c.plan) for c in self.candidates}
         inline = self._planner.inline
+        patience = getattr(opts, "refine_patience", 0)
+        misses = 0
         for part in sorted(best.plan.partitions, key=lambda p: -p.size):
             compute = [n for n in part.nodes if not is_getitem(n)]
             if not compute:
@@ -432,8 +434,14 @@ class MeasuredGraph:
                     self._time(cand, args, start, per_part)
                     if self._beats(cand, best, args, start, per_part):
                         best, prefer = cand, trial
-                    else:
-                        cand.eligible = False
+                        misses = 0
+                        continue
+                    cand.eligible = False
+                    misses += 1
+                    if patience and misses >= patience:
+                        log.info("%s: refinement stopped after %d moves in a row that did "
+                                 "not win (measure.refine_patience)", self._label, misses)
+                        return
 
     def _beats(self, cand: Candidate, best: Candidate, args: list, start: float,
                per_part: dict) -> bool:
