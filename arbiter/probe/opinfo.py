@@ -429,6 +429,25 @@ def _graph_ops(gm: torch.fx.GraphModule, allow_sizes: bool = False
     return nodes, None
 
 
+def _run_and_compare(fn, inputs: list, expected, specs, tolerances) -> tuple:
+    """Run a compiled sample on copies of ``inputs`` and judge it against ``expected``:
+    (failure, None) with failure = (status, stage, reason, max_error), or (None, the
+    comparison)."""
+    try:
+        with _quiet_warnings():
+            got = fn(*[t.clone() for t in inputs])
+    except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
+        return ("failed", "run", describe(exc), None), None
+    if specs is not None:
+        why = check_meta(got, specs)
+        if why is not None:
+            return ("failed", "meta", why, None), None
+    cmp = compare(list(expected), list(got), tolerances)
+    if not cmp.ok:
+        return ("failed", "numbers", cmp.detail, cmp.max_error), None
+    return None, cmp
+
+
 def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
                  tolerances: Optional[dict] = None) -> tuple[str, str, str, Optional[float]]:
     """(status, stage, reason, max_error) for one traced sample through ``backend`` (the
@@ -446,18 +465,9 @@ def probe_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
             fn = backend.compile(for_backend(gm, backend), [t.clone() for t in inputs])
     except Exception as exc:  # noqa: BLE001 - recorded, that is what a probe is for
         return "failed", "compile", describe(exc), None
-    try:
-        with _quiet_warnings():
-            got = fn(*[t.clone() for t in inputs])
-    except Exception as exc:  # noqa: BLE001
-        return "failed", "run", describe(exc), None
-    if specs is not None:
-        why = check_meta(got, specs)
-        if why is not None:
-            return "failed", "meta", why, None
-    cmp = compare(list(expected), list(got), tolerances)
-    if not cmp.ok:
-        return "failed", "numbers", cmp.detail, cmp.max_error
+    failed, cmp = _run_and_compare(fn, inputs, expected, specs, tolerances)
+    if failed is not None:
+        return failed
     found = probe_nonfinite(fn, gm, inputs, tolerances)
     if "nan" in found:  # a NaN that vanishes or appears: refused (docs/robustness.md)
         return "failed", "nonfinite", "; ".join(found.values()), None
@@ -889,20 +899,8 @@ def probe_dynamic_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: lis
             str(exc), None
     except Exception as exc:  # noqa: BLE001
         return "failed", "compile", describe(exc), None
-    try:
-        with _quiet_warnings():
-            got = fn(*[t.clone() for t in inputs])
-    except Exception as exc:  # noqa: BLE001
-        return "failed", "run", describe(exc), None
-    specs = output_specs(gm)
-    if specs is not None:
-        why = check_meta(got, specs)
-        if why is not None:
-            return "failed", "meta", why, None
-    cmp = compare(list(expected), list(got), tolerances)
-    if not cmp.ok:
-        return "failed", "numbers", cmp.detail, cmp.max_error
-    return "passed", "", "", cmp.max_error
+    failed, cmp = _run_and_compare(fn, inputs, expected, output_specs(gm), tolerances)
+    return failed if failed is not None else ("passed", "", "", cmp.max_error)
 
 
 def _refused(backend: Backend, nodes: Sequence[torch.fx.Node]) -> str:
