@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .decompose import NotDecomposable, for_names
+from .decompose import KEEPS_OP, NotDecomposable, for_names
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
 from .registry import Backend
@@ -279,13 +279,17 @@ class CapabilityTable:
         """Why ``backend`` cannot run the node at all (symbolic shapes aside), or None.
         ``decompose``: a node its manifest wants decomposed is judged by its
         decomposition's nodes (``_refuse_decomposed``)."""
+        declined = ""
         if decompose and backend.manifest().decompositions:
             decomps = for_names(backend.manifest().decompositions)
             if decomps.applies(node):
-                return _refuse_decomposed(backend, decomps, node, name)
+                if not decomps.keeps(node):
+                    return _refuse_decomposed(backend, decomps, node, name)
+                # the decomposition declines these arguments: judged whole, as it is
+                declined = f" (it is decomposed for {backend.name}, but {KEEPS_OP} here)"
         entry = backend.manifest().entry(name)
         if entry is None:
-            return f"{name} is not in the {backend.name} manifest"
+            return f"{name} is not in the {backend.name} manifest{declined}"
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue

@@ -42,6 +42,12 @@ class NotDecomposable(Exception):
     """Why a node's decomposition cannot be traced (the reason is the message)."""
 
 
+#: A decomposition that declines these arguments (returns NotImplemented: SDPA's with a
+#: mask, say) leaves the op itself: the node is then not decomposed, and a backend judges
+#: it as it is (its manifest entry), as before it asked for the decomposition.
+KEEPS_OP = "its decomposition keeps the op itself"
+
+
 def resolve_op(name: str) -> Any:
     """``aten.x.overload`` -> the OpOverload; ``aten.x`` -> the OpOverloadPacket."""
     ns, base, *rest = name.split(".")
@@ -227,6 +233,15 @@ class Decompositions:
         return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
                 and node.target in self.table and wants(self.names, op_name(node.target)))
 
+    def keeps(self, node: torch.fx.Node) -> bool:
+        """Whether the decomposition of ``node`` declines its arguments (``KEEPS_OP``):
+        the node is then handed over whole."""
+        try:
+            self.trace(node)
+        except NotDecomposable as exc:
+            return str(exc) == KEEPS_OP
+        return False
+
     def trace(self, node: torch.fx.Node) -> torch.fx.GraphModule:
         """The decomposition of ``node`` as an ATen graph: one placeholder per tensor
         argument (in ``_tensor_args`` order), its output(s) as the node returns them,
@@ -257,13 +272,13 @@ class Decompositions:
         """``gm`` with every node this backend wants decomposed replaced by its traced
         decomposition; ``gm`` itself when there is none (a copy otherwise: the caller's
         graph is what eager and the other backends run)."""
-        if not self or not any(self.applies(n) for n in gm.graph.nodes):
+        if not self or not any(self.applies(n) and not self.keeps(n) for n in gm.graph.nodes):
             return gm
         import copy
 
         new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
         for node in list(new.graph.nodes):
-            if self.applies(node):
+            if self.applies(node) and not self.keeps(node):
                 _inline(new.graph, node, self.trace(node))
         new.graph.eliminate_dead_code()
         new.graph.lint()
@@ -379,7 +394,7 @@ def _trace(node: torch.fx.Node, decomps: dict) -> Any:
         return f"its decomposition could not be traced ({type(exc).__name__}: {str(exc)[:160]})"
     ops = [m for m in gm.graph.nodes if m.op == "call_function"]
     if any(m.target is target for m in ops):
-        return "its decomposition keeps the op itself"
+        return KEEPS_OP
     return gm
 
 

@@ -325,3 +325,24 @@ def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
     for g in report.graphs:
         assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == \
             [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
+
+
+def test_a_declined_decomposition_leaves_the_op_whole(fresh_dynamo):
+    """SDPA with an explicit mask: arbiter's decomposition for ONNX Runtime declines it
+    (it keeps the op itself), so ONNX Runtime is asked about the op as it is and takes it
+    whole, as before it asked for the decomposition (this was refused, and T5's and
+    GPT-2's inference graphs fell into 13 and 25 partitions with attention in eager)."""
+    torch.manual_seed(0)
+
+    def f(q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+
+    q, k, v = (torch.randn(1, 4, 16, 8) for _ in range(3))
+    mask = torch.randn(1, 4, 16, 16)
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+    with torch.no_grad():
+        out = torch.compile(f, backend=be)(q, k, v, mask)
+    torch.testing.assert_close(out, f(q, k, v, mask), rtol=1e-4, atol=1e-5)
+    (g,) = be.report(advice=False).graphs
+    assert [p.backend for p in g.partitions] == ["onnxruntime"], \
+        [(p.backend, p.ops) for p in g.partitions]
