@@ -124,14 +124,7 @@ class MeasuredGraph:
         outcome = self._record.outcome
         if dist.get_rank() == 0:
             self._choose(args)
-            chosen = self.chosen
-            pos = {n.name: i for i, n in enumerate(self._gm.graph.nodes)}
-            decision = {"label": chosen.label,
-                        "steer": {str(pos[k]): b for k, b in chosen.steer.items() if k in pos}
-                        if chosen.steer else None,
-                        "measured_ms": {c.label: c.measured_ms for c in self.candidates
-                                        if c.measured_ms is not None}}
-            dist.broadcast_object_list([decision], src=0)
+            dist.broadcast_object_list([self._decision(self.chosen)], src=0)
             outcome.broadcast = "rank 0: broadcast"
             return
         box: list = [None]
@@ -189,13 +182,18 @@ class MeasuredGraph:
         chosen = self._pick()
         self._install(chosen, per_part)
         if cache is not None and key is not None:
-            pos = {n.name: i for i, n in enumerate(self._gm.graph.nodes)}
-            cache.put_json("decision", key, {
-                "label": chosen.label,
+            cache.put_json("decision", key, self._decision(chosen))
+
+    def _decision(self, chosen: Candidate) -> dict:
+        """A decision as ``_apply`` reads it (the cache's, or rank 0's broadcast): its
+        label, a refined placement's node -> backend map by node position (names may
+        differ between processes), and the candidates' measured times."""
+        pos = {n.name: i for i, n in enumerate(self._gm.graph.nodes)}
+        return {"label": chosen.label,
                 "steer": {str(pos[k]): b for k, b in chosen.steer.items() if k in pos}
                 if chosen.steer else None,
                 "measured_ms": {c.label: c.measured_ms for c in self.candidates
-                                if c.measured_ms is not None}})
+                                if c.measured_ms is not None}}
 
     def _measure(self, args: Sequence[Any]) -> dict:
         """Time candidates within the budget; returns (backend, node names) -> ms."""
