@@ -41,7 +41,8 @@ from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
-from .report.build import SHAPE_EAGER_WARN, graph_report, shape_eager_share
+from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
+                           kind_reports, shape_eager_share)
 from .run.dynamic import chain_labels, shape_chain
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
@@ -451,6 +452,9 @@ class Arbiter:
                       config_dump=self.config.model_dump(mode="json"), versions=versions,
                       advice=tips, warnings=self._rule_warnings(graphs, reports),
                       graphs=reports,
+                      kinds=kind_reports(reports, {n for n, b in every.items()
+                                                   if b.inline_aten}),
+                      distributed=distributed_report(reports),
                       resources={} if self.dry_run else resources_in_force())
 
 

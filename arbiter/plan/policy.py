@@ -83,6 +83,8 @@ class PolicyOutcome:
     # distributed (torch.distributed, world > 1): "measured here, broadcast" on rank 0,
     # "from rank 0" on the others; "" when not distributed
     broadcast: str = ""
+    rank: Optional[int] = None  # with `broadcast`: this process's rank
+    world_size: Optional[int] = None  # with `broadcast`: the process group's size
 
 
 @dataclass

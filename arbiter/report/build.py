@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 import torch
@@ -20,9 +20,10 @@ from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from ..shapes import REASON as SHAPES_REASON, about_shapes
-from .model import (AccuracyReport, FallbackReport, GraphReport, NodeReport, OpReport, PartitionReport,
-                    PatternReport, RefusalReport, RuleReport, SymbolReport, TensorReport,
-                    WeightEventReport)
+from .model import (AccuracyReport, BroadcastReport, DistributedReport, FallbackReport,
+                    GraphReport, KindBackendReport, KindReport, NodeReport, OpReport,
+                    PartitionReport, PatternReport, RefusalReport, RuleReport, SymbolReport,
+                    TensorReport, WeightEventReport)
 
 #: Above this share of a graph's compute in eager because of shapes, the report warns.
 SHAPE_EAGER_WARN = 0.1
@@ -318,6 +319,7 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         chosen=o.chosen, candidates_ms=dict(o.candidates_ms), estimates_ms=dict(o.estimates_ms),
         candidates_spread_ms=dict(o.spread_ms), measure_rounds=o.rounds,
         measure_confident=o.confident, measure_broadcast=o.broadcast,
+        measure_rank=o.rank, measure_world_size=o.world_size,
         ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
         coverage=coverage(g.plan, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
@@ -329,6 +331,78 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         frame=g.frame[0] if g.frame else None, recompile=g.frame[1] if g.frame else 0,
         shape_eager_share=round(share, 4), warnings=warnings,
         accuracy=_accuracy(o))
+
+
+#: Graph kinds in the order a training step meets them; others follow in order of appearance.
+KIND_ORDER = ("forward", "backward", "inference")
+
+
+def kind_reports(graphs: list[GraphReport], eager: Collection[str]) -> list[KindReport]:
+    """Per graph kind, what ran where: the graphs' partitions summed by the backend that
+    runs each (compiled) or is planned to (not compiled yet). ``eager``: the backends that
+    run ATen in place (``Backend.inline_aten``)."""
+    by_kind: dict[str, list[GraphReport]] = {}
+    for g in graphs:
+        by_kind.setdefault(g.kind, []).append(g)
+    order = sorted(by_kind, key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER
+                                           else len(KIND_ORDER)))
+    out = []
+    for kind in order:
+        parts = [p for g in by_kind[kind] for p in g.partitions]
+        groups: dict[tuple[str, bool], list[PartitionReport]] = {}
+        for p in parts:
+            key = (p.backend, True) if p.compiled else (p.planned_backend, False)
+            groups.setdefault(key, []).append(p)
+        backends = []
+        for (name, compiled), ps in groups.items():
+            ops: Counter = Counter()
+            for p in ps:
+                ops.update(p.ops)
+            backends.append(KindBackendReport(
+                backend=name, compiled=compiled, eager=name in eager,
+                nodes=sum(p.nodes for p in ps), partitions=len(ps),
+                ops=dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+                fell_back_nodes=sum(p.nodes for p in ps if p.backend != p.planned_backend)
+                if compiled else 0))
+        backends.sort(key=lambda b: (-b.nodes, not b.compiled, b.backend))
+        eager_ops: Counter = Counter()
+        for b in backends:
+            if b.eager:
+                eager_ops.update(b.ops)
+        fell = [p for p in parts if p.compiled and p.backend != p.planned_backend]
+        timed = [p for p in parts if p.calls]
+        out.append(KindReport(
+            kind=kind, graphs=[g.graph_id for g in by_kind[kind]],
+            nodes=sum(p.nodes for p in parts), partitions=len(parts),
+            compiled_partitions=sum(p.compiled for p in parts), backends=backends,
+            eager_nodes=sum(b.nodes for b in backends if b.eager),
+            eager_ops=dict(sorted(eager_ops.items(), key=lambda kv: (-kv[1], kv[0]))),
+            fell_back_partitions=len(fell), fell_back_nodes=sum(p.nodes for p in fell),
+            fallbacks=sum(len(p.fallbacks) for p in parts),
+            compile_s=round(sum(p.compile_s for p in parts), 4),
+            calls=max((p.calls for p in timed), default=0),
+            run_s=round(sum(p.run_s for p in timed), 6)))
+    return out
+
+
+def distributed_report(graphs: list[GraphReport]) -> Optional[DistributedReport]:
+    """The graphs whose decision was broadcast under torch.distributed (policy measure,
+    arbiter/run/measured.py), or None when there is none."""
+    sent = [g for g in graphs if g.measure_broadcast]
+    if not sent:
+        return None
+    rank = next((g.measure_rank for g in sent if g.measure_rank is not None), None)
+    world = next((g.measure_world_size for g in sent if g.measure_world_size is not None),
+                 None)
+    if rank is None and all(g.measure_broadcast.startswith("rank 0") for g in sent):
+        rank = 0  # a record without the rank: only rank 0 broadcasts
+    return DistributedReport(
+        rank=rank, world_size=world,
+        sent=sum(g.measure_broadcast.startswith("rank 0") for g in sent),
+        received=sum(g.measure_broadcast == "from rank 0" for g in sent),
+        broadcast=[BroadcastReport(graph_id=g.graph_id, kind=g.kind, model=g.model,
+                                   chosen=g.chosen, role=g.measure_broadcast) for g in sent],
+        not_broadcast=[g.graph_id for g in graphs if not g.measure_broadcast])
 
 
 def _accuracy(o) -> Optional[AccuracyReport]:

@@ -245,6 +245,10 @@ class GraphReport(BaseModel):
                         "`rank 0: broadcast` on rank 0, which decides (measured or from its "
                         "cache) and broadcasts; `from rank 0` on the others, which install "
                         "rank 0's decision untimed; empty when not distributed")
+    measure_rank: Optional[int] = Field(None, description="with `measure_broadcast`: this "
+                                        "process's rank in the process group")
+    measure_world_size: Optional[int] = Field(None, description="with `measure_broadcast`: "
+                                              "the process group's size")
     symbols: list[SymbolReport] = Field(default_factory=list,
                                         description="symbolic dimensions and their ranges")
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
@@ -290,6 +294,77 @@ class TimingReport(BaseModel):
     note: str = ""
 
 
+class KindBackendReport(BaseModel):
+    """One backend's share of the graphs of one kind (``KindReport.backends``)."""
+
+    backend: str
+    compiled: bool = Field(description="true: compiled partitions (what runs now); false: "
+                                       "partitions planned for it, not compiled yet")
+    eager: bool = Field(False, description="the backend runs ATen in place (eager)")
+    nodes: int = Field(description="compute nodes")
+    partitions: int
+    ops: dict[str, int] = Field(default_factory=dict,
+                                description="op -> nodes, most first")
+    fell_back_nodes: int = Field(0, description="of its nodes, those it took over from "
+                                 "another backend at a runtime fallback")
+
+
+class KindReport(BaseModel):
+    """What ran where in the graphs of one kind (forward, backward or inference), summed
+    over those graphs' partitions."""
+
+    kind: str = Field(description="inference, forward or backward")
+    graphs: list[int] = Field(description="ids of the graphs of this kind")
+    nodes: int = Field(description="compute nodes (getitem not counted)")
+    partitions: int
+    compiled_partitions: int = Field(description="partitions a backend compiled (the rest "
+                                     "are planned only: a dry run, or before the first call)")
+    backends: list[KindBackendReport] = Field(
+        default_factory=list, description="per backend that runs (or is planned to run) "
+        "nodes of this kind, most nodes first")
+    eager_nodes: int = Field(0, description="nodes that run (or are planned) in eager")
+    eager_ops: dict[str, int] = Field(default_factory=dict,
+                                      description="op -> nodes in eager, most first")
+    fell_back_partitions: int = Field(0, description="partitions run by another backend than "
+                                      "planned, after a fallback (each with its reason)")
+    fell_back_nodes: int = Field(0, description="the nodes of those partitions")
+    fallbacks: int = Field(0, description="fallbacks recorded (a partition may fall back "
+                                          "more than once down its chain)")
+    compile_s: float = Field(0.0, description="backends' compile time, summed")
+    calls: int = Field(0, description="timed calls (the most any partition of this kind had)")
+    run_s: float = Field(0.0, description="time inside backend-compiled partitions over the "
+                                          "timed calls (inline eager ones are not timed)")
+
+
+class BroadcastReport(BaseModel):
+    """A graph whose placement was decided on rank 0 and broadcast (policy measure)."""
+
+    graph_id: int
+    kind: str
+    model: str = ""
+    chosen: str = Field("", description="the placement every rank runs")
+    role: str = Field(description="`rank 0: broadcast` (decided here and sent) or `from rank "
+                                  "0` (installed untimed)")
+
+
+class DistributedReport(BaseModel):
+    """Graphs compiled under a torch.distributed process group (world size > 1) whose
+    decisions were broadcast; absent from the report when none was."""
+
+    rank: Optional[int] = Field(None, description="this process's rank, when recorded")
+    world_size: Optional[int] = Field(None, description="the process group's size, when "
+                                      "recorded")
+    sent: int = Field(0, description="graphs whose decision this rank (rank 0) took and "
+                                     "broadcast")
+    received: int = Field(0, description="graphs whose decision this rank installed from "
+                                         "rank 0")
+    broadcast: list[BroadcastReport] = Field(default_factory=list,
+                                             description="each graph with a broadcast decision")
+    not_broadcast: list[int] = Field(
+        default_factory=list, description="ids of the other graphs: their policy decides "
+        "from the graph alone (the same on every rank), or they were not called yet")
+
+
 class Report(BaseModel):
     schema_version: int = SCHEMA_VERSION
     label: str = Field("", description="the config's name in a side-by-side report")
@@ -306,6 +381,11 @@ class Report(BaseModel):
     dry_run: bool = False
     backends: list[BackendStatus] = Field(default_factory=list)
     graphs: list[GraphReport] = Field(default_factory=list)
+    kinds: list[KindReport] = Field(default_factory=list, description="per graph kind "
+                                    "(forward, backward, inference): what ran where, summed "
+                                    "over the graphs of that kind")
+    distributed: Optional[DistributedReport] = Field(
+        None, description="decisions broadcast under torch.distributed; null when none was")
     resources: dict[str, Any] = Field(default_factory=dict,
                                       description="thread and memory settings in force")
     warnings: list[str] = Field(default_factory=list,
@@ -334,64 +414,7 @@ class Report(BaseModel):
                 f"fallbacks: {falls}{shaped}{breaks}")
 
     def __str__(self) -> str:
-        return render_text(self)
+        # The one text rendering (arbiter/report/text.py), plain: no rich, no wrapping.
+        from .text import plain
 
-
-def pattern_line(m: PatternReport) -> str:
-    """One line for a pattern match: where it runs and who claimed or refused it."""
-    how = "whole" if m.whole else "op by op"
-    where = f"{m.backend} ({how}, #{m.partition}{'' if m.compiled else ', planned'})"
-    who = (f"; claimed by {', '.join(m.claimed_by)}" if m.claimed_by else "") + "".join(
-        f"; {b} refused: {why}" for b, why in m.refused.items())
-    return f"{m.pattern} [{', '.join(m.node_names)}]: {where}{who}"
-
-
-def render_text(report: Report) -> str:
-    lines = [("[dry run] " if report.dry_run else "") + report.summary()]
-    if report.config:
-        lines.append(f"config: {report.config}")
-    down = [b for b in report.backends if not b.available]
-    for b in down:
-        lines.append(f"backend {b.name} unavailable: {b.reason}"
-                     + (" (this dry run plans onto it)" if b.plans_only else ""))
-    for w in report.warnings:
-        lines.append(f"warning: {w}")
-    for g in report.graphs:
-        lines.append("")
-        lines.append(f"graph {g.graph_id} ({g.kind}): {g.nodes} nodes, "
-                     f"{len(g.partitions)} partitions, {g.constants} constant weights, "
-                     f"planned in {g.plan_s * 1e3:.1f} ms")
-        for e in g.weight_events:
-            lines.append(f"  weights changed: {e.reason}: {e.action}")
-        for m in g.patterns:
-            lines.append(f"  pattern {pattern_line(m)}")
-        if g.symbols:
-            lines.append("  symbolic: " + ", ".join(
-                f"{s.name} in [{s.min}, {'inf' if s.max is None else s.max}]"
-                + (f" ({', '.join(s.sources)})" if s.sources else "") for s in g.symbols))
-        for w in g.warnings:
-            lines.append(f"  warning: {w}")
-        for p in g.partitions:
-            ops = ", ".join(f"{k.removeprefix('aten.')}x{v}" if v > 1 else k.removeprefix("aten.")
-                            for k, v in sorted(p.ops.items()))
-            if p.compiled:
-                where = p.backend
-                moved = f" (planned {p.planned_backend})" if p.backend != p.planned_backend else ""
-            else:
-                where, moved = p.planned_backend, " (planned, not compiled)"
-            ctime = f", compiled in {p.compile_s:.2f} s" if p.compile_s else ""
-            if p.shapes not in ("static", "eager"):
-                ctime += f", {p.shapes}" + (f" x{p.specializations}"
-                                           if p.shapes == "per shape" else "")
-            lines.append(f"  #{p.id:<3} {where:<12} {p.nodes:>4} nodes{moved}{ctime}: {ops}")
-            if p.nonfinite_guard:
-                lines.append(f"       NaN/inf inputs run in eager ({', '.join(p.nonfinite_guard)} "
-                             f"differ there): {p.nonfinite_eager_calls} calls so far")
-            for f in p.fallbacks:
-                lines.append(f"       fallback at {f.stage}: {f.from_backend} -> "
-                             f"{f.to_backend}: {f.reason}")
-        if g.refusals:
-            lines.append("  refused:")
-            for r in g.refusals:
-                lines.append(f"    {r.op} x{r.nodes} by {r.backend}: {r.reason}")
-    return "\n".join(lines)
+        return plain(self)

@@ -1,24 +1,62 @@
-"""The report as terminal tables (rich), a one-line summary first.
+"""The report as text: one description of what it says, rendered two ways.
 
-Reads only the ``Report`` model. Fits a 100-column terminal: long cells (op lists,
-refusal reasons) wrap onto more lines, never cut.
-``str(report)`` stays the plain, greppable rendering of ``arbiter.report``.
+``items(report)`` is the single source: lines and tables (``Line``, ``Table``), built from
+the ``Report`` model alone. ``render`` draws them with rich (terminal tables that fit a
+100-column terminal: long cells, op lists and refusal reasons, wrap onto more lines, never
+cut); ``plain`` writes them without rich and without wrapping (``str(report)``: greppable,
+one line per row). Neither imports rich at import time, and this module imports the model
+only for type checking, so ``model.Report.__str__`` can import it.
 """
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Union
 
-from .model import GraphReport, Report, pattern_line
+if TYPE_CHECKING:
+    from .model import GraphReport, KindReport, PatternReport, Report
 
 WIDTH = 100
 
 
-def _e(text: str) -> str:
-    """Data, not markup: reasons such as "[at file.py:12]" must print as written."""
-    from rich.markup import escape
+class Line:
+    """A line of text; parts are plain strings or (style, text) pairs (a rich style)."""
 
-    return escape(str(text))
+    def __init__(self, *parts: Union[str, tuple[str, str]]):
+        self.parts = [p for p in parts if p]
+
+    def plain(self) -> str:
+        return "".join(p if isinstance(p, str) else p[1] for p in self.parts)
+
+    def markup(self) -> str:
+        from rich.markup import escape  # data, not markup: "[at file.py:12]" prints as is
+
+        return "".join(escape(p) if isinstance(p, str) else f"[{p[0]}]{escape(p[1])}[/{p[0]}]"
+                       for p in self.parts)
+
+
+Cell = Union[str, Line]
+
+
+@dataclass
+class Col:
+    name: str
+    right: bool = False  # justified right (numbers)
+    wrap: bool = False  # rich: long cells fold onto more lines (else no_wrap)
+    max_width: Optional[int] = None
+    ratio: Optional[int] = None
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[Col]
+    rows: list[list[Cell]] = field(default_factory=list)
+    expand: bool = True
+
+
+Item = Union[Line, Table]
 
 
 def _short(op: str) -> str:
@@ -43,42 +81,130 @@ def _shapes(ts) -> str:
     return text + (f" +{len(ts) - 1}" if len(ts) > 1 else "")
 
 
-def _backend_cell(p, dry_run: bool) -> str:
+def _ops(ops: dict[str, int], most: Optional[int] = None) -> str:
+    """``opxN, op2, ...``, most nodes first; with ``most``, the first ``most`` and how many
+    ops more."""
+    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = items if most is None else items[:most]
+    text = ", ".join(f"{_short(k)}x{v}" if v > 1 else _short(k) for k, v in shown)
+    return text + (f", +{len(items) - most} op(s)" if most is not None and
+                   len(items) > most else "")
+
+
+def pattern_line(m: PatternReport) -> str:
+    """One line for a pattern match: where it runs and who claimed or refused it."""
+    how = "whole" if m.whole else "op by op"
+    where = f"{m.backend} ({how}, #{m.partition}{'' if m.compiled else ', planned'})"
+    who = (f"; claimed by {', '.join(m.claimed_by)}" if m.claimed_by else "") + "".join(
+        f"; {b} refused: {why}" for b, why in m.refused.items())
+    return f"{m.pattern} [{', '.join(m.node_names)}]: {where}{who}"
+
+
+def _backend_cell(p) -> Cell:
     if not p.compiled:
         return f"{p.planned_backend} (plan)"
     if p.backend != p.planned_backend:
-        return f"{p.backend} [red](planned {p.planned_backend})[/red]"
+        return Line(f"{p.backend} ", ("red", f"(planned {p.planned_backend})"))
     return p.backend
 
 
-def _graph_tables(report: Report, g: GraphReport):
-    from rich import box
-    from rich.table import Table
+# -- per graph kind, and the distributed section -------------------------------------
+def kind_where(k: KindReport) -> str:
+    """``onnxruntime 398 in 2, eager 14 in 5``: nodes and partitions per backend."""
+    return ", ".join(f"{b.backend} {b.nodes} in {b.partitions}"
+                     + ("" if b.compiled else " (plan)") for b in k.backends) or "-"
 
+
+def kind_fell_back(k: KindReport) -> str:
+    if not k.fell_back_partitions:
+        return "-" if not k.fallbacks else f"- ({k.fallbacks} fallback(s))"
+    return (f"{k.fell_back_nodes} nodes in {k.fell_back_partitions}"
+            f" ({k.fallbacks} fallback(s))")
+
+
+def kind_table(report: Report) -> Optional[Table]:
+    """What ran where per graph kind (forward, backward, inference): one row each."""
+    if not report.kinds:
+        return None
+    timed = any(k.calls for k in report.kinds)
+    cols = [Col("kind", wrap=True, max_width=12), Col("nodes", right=True),
+            Col("runs on: nodes in partitions", wrap=True, ratio=3),
+            Col("eager: its ops", wrap=True, ratio=2), Col("fell back", wrap=True, ratio=1),
+            Col("compile", right=True)]
+    if timed:
+        cols.append(Col("run/call", right=True))
+    t = Table("what ran where, per graph kind", cols)
+    for k in report.kinds:
+        graphs = f" ({len(k.graphs)} graphs)" if len(k.graphs) > 1 else ""
+        not_yet = k.partitions - k.compiled_partitions
+        where = kind_where(k) + (f"; {not_yet} of {k.partitions} partitions not compiled"
+                                 if not_yet else "")
+        row: list[Cell] = [k.kind + graphs, str(k.nodes), where,
+                           _ops(k.eager_ops, 4) if k.eager_nodes else "-",
+                           kind_fell_back(k), f"{k.compile_s:.2f} s" if k.compile_s else "-"]
+        if timed:
+            row.append(f"{k.run_s / k.calls * 1e3:.3f} ms" if k.calls else "-")
+        t.rows.append(row)
+    return t
+
+
+def distributed_lines(report: Report) -> Iterator[Line]:
+    """Which decisions were broadcast under torch.distributed (nothing when none was)."""
+    d = report.distributed
+    if d is None:
+        return
+    who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
+        (f" of {d.world_size}" if d.world_size is not None else "")
+    what = []
+    if d.sent:
+        what.append(f"{d.sent} graph(s) decided here (policy measure) and broadcast")
+    if d.received:
+        what.append(f"{d.received} graph(s) took rank 0's decision, untimed")
+    yield Line(("bold", "distributed"), f": {who}: " + "; ".join(what))
+    for b in d.broadcast:
+        yield Line(f"  graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
+                   f"{b.chosen or '-'} ({b.role})")
+    if d.not_broadcast:
+        yield Line("  not broadcast (decided alike on every rank, or not called yet): graph "
+                   + ", ".join(map(str, d.not_broadcast)))
+
+
+def _refused(refusals) -> str:
+    """``b1, b2: reason; b3: other``: backends giving the same reason share it; a backend
+    with several reasons for one op says for how many nodes each."""
+    by: dict[str, list[str]] = {}
+    per: dict[str, int] = {}
+    for r in refusals:
+        per[r.backend] = per.get(r.backend, 0) + 1
+    for r in refusals:
+        by.setdefault(r.reason, []).append(r.backend + (f" (x{r.nodes})"
+                                                        if per[r.backend] > 1 else ""))
+    return "; ".join(f"{', '.join(bs)}: {why}" for why, bs in by.items())
+
+
+# -- one graph -----------------------------------------------------------------------
+def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
     # Share of the whole timed calls (all graphs, inline eager and stitching included).
     total_run = report.timing.total_s if report.timing else sum(p.run_s for p in g.partitions)
     timed = any(p.calls for p in g.partitions)
-    t = Table(title=f"graph {g.graph_id} ({g.kind}{', ' + g.model if g.model else ''}): "
-                    f"{g.nodes} nodes, "
-                    f"{len(g.partitions)} partitions, {g.constants} constant weights, "
-                    f"policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms",
-              title_justify="left", box=box.SIMPLE_HEAD, expand=True)
-    t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("backend", no_wrap=True)
-    t.add_column("nodes", justify="right", no_wrap=True)
-    t.add_column("in -> out", overflow="fold", max_width=26)
-    t.add_column("bytes in/out", justify="right", no_wrap=True)
-    t.add_column("compile", justify="right", no_wrap=True)
+    cols = [Col("#", right=True), Col("backend"), Col("nodes", right=True),
+            Col("in -> out", wrap=True, max_width=26), Col("bytes in/out", right=True),
+            Col("compile", right=True)]
     if timed:
-        t.add_column("run/call (share)", justify="right", no_wrap=True)
-    t.add_column("ops", overflow="fold", ratio=1)
+        cols.append(Col("run/call (share)", right=True))
+    cols.append(Col("ops", wrap=True, ratio=1))
+    t = Table(f"graph {g.graph_id} ({g.kind}{', ' + g.model if g.model else ''}): "
+              f"{g.nodes} nodes, {len(g.partitions)} partitions, {g.constants} constant "
+              f"weights, policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms", cols)
     for p in g.partitions:
-        ops = ", ".join(f"{_short(k)}x{v}" if v > 1 else _short(k)
-                        for k, v in sorted(p.ops.items(), key=lambda kv: -kv[1]))
-        row = [str(p.id), _backend_cell(p, report.dry_run), str(p.nodes),
-               f"{_shapes(p.inputs)} -> {_shapes(p.outputs)}",
-               f"{_bytes(p.bytes_in + p.graph_input_bytes)}/{_bytes(p.bytes_out)}",
-               f"{p.compile_s:.2f} s" if p.compile_s else "-"]
+        ctime = f"{p.compile_s:.2f} s" if p.compile_s else "-"
+        if p.shapes not in ("static", "eager"):
+            ctime += f", {p.shapes}" + (f" x{p.specializations}" if p.shapes == "per shape"
+                                        else "")
+        row: list[Cell] = [str(p.id), _backend_cell(p), str(p.nodes),
+                           f"{_shapes(p.inputs)} -> {_shapes(p.outputs)}",
+                           f"{_bytes(p.bytes_in + p.graph_input_bytes)}/{_bytes(p.bytes_out)}",
+                           ctime]
         if timed:
             if p.inline:
                 row.append("inline")
@@ -87,8 +213,8 @@ def _graph_tables(report: Report, g: GraphReport):
                 row.append(f"{p.run_s / p.calls * 1e3:.3f} ms ({share:.0%})")
             else:
                 row.append("-")
-        row.append(_e(ops))
-        t.add_row(*row)
+        row.append(_ops(p.ops))
+        t.rows.append(row)
     yield t
     if g.chosen or g.candidates_ms or g.estimates_ms:
         def spread(k):
@@ -102,20 +228,20 @@ def _graph_tables(report: Report, g: GraphReport):
                       + ("apart from the rest" if g.measure_confident
                          else "not apart from the rest (a close call)"))
         est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
-        yield _e(f"  policy {g.policy}: chose {g.chosen or '-'}" +
-                 (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
-                 (f"; measured: {cands}" if cands else "") +
-                 (f"; estimated: {est}" if est else ""))
+        yield Line(f"  policy {g.policy}: chose {g.chosen or '-'}" +
+                   (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
+                   (f"; measured: {cands}" if cands else "") +
+                   (f"; estimated: {est}" if est else ""))
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
-        yield _e(f"  accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
-                 + (f"partitions {', '.join(lowered)}" if lowered
-               else "all at the graph's own precision")
-                 + (f" (max error {a.chosen_error:.2e} against float32 eager)"
-                    if a.chosen_error is not None else "")
-                 + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
-                 + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items()))
+        yield Line(f"  accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
+                   + (f"partitions {', '.join(lowered)}" if lowered
+                      else "all at the graph's own precision")
+                   + (f" (max error {a.chosen_error:.2e} against float32 eager)"
+                      if a.chosen_error is not None else "")
+                   + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
+                   + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items()))
     for p in g.partitions:
         notes = []
         if p.copies or p.restride_copies:
@@ -132,105 +258,106 @@ def _graph_tables(report: Report, g: GraphReport):
             notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
                                                  for b, ms in p.measured_ms.items()))
         if notes:
-            yield _e(f"  partition {p.id}: " + "; ".join(notes))
+            yield Line(f"  partition {p.id}: " + "; ".join(notes))
     for e in g.weight_events:
-        yield f"  [yellow]weights changed[/yellow]: {_e(e.reason)}: {_e(e.action)}"
+        yield Line("  ", ("yellow", "weights changed"), f": {e.reason}: {e.action}")
     for m in g.patterns:
-        yield _e(f"  pattern {pattern_line(m)}")
+        yield Line(f"  pattern {pattern_line(m)}")
     if g.symbols:  # dynamic shapes (docs/design.md)
-        yield _e("  symbolic: " + ", ".join(
+        yield Line("  symbolic: " + ", ".join(
             f"{s.name} in [{s.min}, {'inf' if s.max is None else s.max}]"
             + (f" ({', '.join(s.sources)})" if s.sources else "") for s in g.symbols)
             + (f"; recompile {g.recompile} of its frame" if g.recompile else ""))
     for w in g.warnings:
-        yield f"  [yellow]warning[/yellow]: {_e(w)}"
+        yield Line("  ", ("yellow", "warning"), f": {w}")
     for p in g.partitions:
         for f in p.fallbacks:
-            yield (f"  [yellow]fallback[/yellow] partition {p.id} at {f.stage}: "
-                   f"{f.from_backend} -> {f.to_backend}: {_e(f.reason)}")
+            yield Line("  ", ("yellow", "fallback"), f" partition {p.id} at {f.stage}: "
+                       f"{f.from_backend} -> {f.to_backend}: {f.reason}")
 
-    ops = Table(title=f"graph {g.graph_id}: ops", title_justify="left", box=box.SIMPLE_HEAD,
-                expand=True)
-    ops.add_column("op", overflow="fold", max_width=28)
-    ops.add_column("nodes", justify="right", no_wrap=True)
-    ops.add_column("runs on", overflow="fold", max_width=24)
-    ops.add_column("able (+fallback)", overflow="fold", max_width=22)
-    ops.add_column("refused by: why", overflow="fold", ratio=1)
+    ops = Table(f"graph {g.graph_id}: ops",
+                [Col("op", wrap=True, max_width=28), Col("nodes", right=True),
+                 Col("runs on", wrap=True, max_width=24),
+                 Col("able (+fallback)", wrap=True, max_width=22),
+                 Col("refused by: why", wrap=True, ratio=1)])
+    every: dict[str, list] = {}  # op -> every (backend, reason, nodes), not the first only
+    for r in g.refusals:
+        every.setdefault(r.op, []).append(r)
     for o in g.ops:
         placed = ", ".join([f"{b} {n}" for b, n in o.placed.items()] +
                            [f"{b} {n} (planned)" for b, n in o.planned.items()])
-        refused = "; ".join(f"{b}: {_e(why)}" for b, why in o.refused.items())
+        refused = _refused(every[o.op]) if o.op in every else \
+            "; ".join(f"{b}: {why}" for b, why in o.refused.items())
         able = ", ".join(b for b in o.able if b != report.backends[-1].name) \
             if report.backends else ", ".join(o.able)
-        ops.add_row(_short(o.op), str(o.nodes), placed, able or "-", refused or "-")
+        ops.rows.append([_short(o.op), str(o.nodes), placed, able or "-", refused or "-"])
     yield ops
-    cov = Table(title=f"graph {g.graph_id}: coverage", title_justify="left",
-                box=box.SIMPLE_HEAD)
-    cov.add_column("backend")
-    cov.add_column("could run", justify="right")
-    cov.add_column("runs (nodes)", justify="right")
+    cov = Table(f"graph {g.graph_id}: coverage",
+                [Col("backend"), Col("could run", right=True),
+                 Col("runs (nodes)", right=True)], expand=False)
     for b, pct in g.coverage.items():
         runs = g.placement.get(b, 0)
         planned = g.planned.get(b, 0)
-        cov.add_row(b, f"{pct:.1f}%", f"{runs} (+{planned} planned)" if planned else str(runs))
+        cov.rows.append([b, f"{pct:.1f}%",
+                         f"{runs} (+{planned} planned)" if planned else str(runs)])
     yield cov
 
 
-def renderables(report: Report):
-    """The rich renderables of one report, summary line first."""
-    yield "[bold]" + _e(("[dry run] " if report.dry_run else "") + report.summary()) + "[/bold]"
+# -- the whole report ----------------------------------------------------------------
+def items(report: Report) -> Iterator[Item]:
+    """What the text report says, in order: the one source both renderings draw."""
+    yield Line(("bold", ("[dry run] " if report.dry_run else "") + report.summary()))
     head = []
     if report.model:
         head.append(f"model {report.model}")
     head.append(f"config {report.label or report.config or 'default'}")
     head.append(report.created)
-    yield _e(" | ".join(head))
-    yield _e("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
+    yield Line(" | ".join(head))
     for b in report.backends:
         if not b.available:
-            yield (f"[red]backend {_e(b.name)} unavailable[/red]: {_e(b.reason)}"
-                   + (" (this dry run plans onto it)" if b.plans_only else ""))
+            yield Line(("red", f"backend {b.name} unavailable"), f": {b.reason}"
+                       + (" (this dry run plans onto it)" if b.plans_only else ""))
     for w in report.warnings:
-        yield f"[yellow]warning[/yellow]: {_e(w)}"
+        yield Line(("yellow", "warning"), f": {w}")
+    kinds = kind_table(report)
+    if kinds is not None:
+        yield kinds
+    yield from distributed_lines(report)
+    yield Line("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
     if report.graph_breaks is not None:
         gb = report.graph_breaks
-        yield f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)"
+        yield Line(f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)")
         for r in gb.reasons:
-            yield f"  break: {_e(r)}"
+            yield Line(f"  break: {r}")
     if report.resources:
-        yield "resources in force:"
+        yield Line("resources in force:")
         for k, v in report.resources.items():
             text = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v)
-            yield _e(f"  {k}: {text}")
+            yield Line(f"  {k}: {text}")
     if report.timing is not None:
         tm = report.timing
-        yield (f"timed run: {tm.calls} calls, {tm.total_s / max(tm.calls, 1) * 1e3:.3f} ms "
-               f"per call; partitions run by backends: "
-               f"{tm.pieces_s / tm.total_s:.0%} of it" if tm.total_s else "timed run: no calls")
+        yield Line(f"timed run: {tm.calls} calls, {tm.total_s / max(tm.calls, 1) * 1e3:.3f} ms "
+                   f"per call; partitions run by backends: "
+                   f"{tm.pieces_s / tm.total_s:.0%} of it" if tm.total_s else "timed run: no calls")
         if tm.note:
-            yield f"  {_e(tm.note)}"
+            yield Line(f"  {tm.note}")
     for g in report.graphs:
-        yield ""
-        yield from _graph_tables(report, g)
+        yield Line()
+        yield from _graph_items(report, g)
     if report.advice:
-        yield ""
-        yield "[bold]advice[/bold]"
+        yield Line()
+        yield Line(("bold", "advice"))
         for a in report.advice:
-            yield f"  - {_e(a.message)}"
+            yield Line(f"  - {a.message}")
 
 
-def compare_table(reports: Sequence[Report]):
+def compare_table(reports: Sequence[Report]) -> Table:
     """Several configs on the same model, one column each."""
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title="side by side", title_justify="left", box=box.SIMPLE_HEAD)
-    t.add_column("")
-    for r in reports:
-        t.add_column(r.label or r.config or "default", overflow="fold")
+    t = Table("side by side", [Col("")] + [Col(r.label or r.config or "default", wrap=True)
+                                           for r in reports], expand=False)
 
     def row(name, fn):
-        t.add_row(name, *[fn(r) for r in reports])
+        t.rows.append([name, *[fn(r) for r in reports]])
 
     def placement(r: Report) -> str:
         c: dict[str, int] = {}
@@ -253,21 +380,91 @@ def compare_table(reports: Sequence[Report]):
     return t
 
 
-def render(reports: Report | Sequence[Report], width: int = WIDTH, color: bool = False) -> str:
+# -- the two renderings ----------------------------------------------------------------
+def _plain_cell(c: Cell) -> str:
+    return c.plain() if isinstance(c, Line) else str(c)
+
+
+def plain_table(t: Table) -> list[str]:
+    """Columns padded to their widest cell, never wrapped (a cell's own newlines make
+    more lines of its row)."""
+    head = [c.name for c in t.columns]
+    rows = [[_plain_cell(c).split("\n") for c in r] for r in t.rows]
+    widths = [max([len(h)] + [len(x) for r in rows for x in r[k]])
+              for k, h in enumerate(head)]
+
+    def line(cells: list[str]) -> str:
+        out = [c.rjust(w) if col.right else c.ljust(w)
+               for c, w, col in zip(cells, widths, t.columns)]
+        return ("  " + "  ".join(out)).rstrip()
+
+    lines = [t.title, line(head), "  " + "  ".join("-" * w for w in widths)]
+    for r in rows:
+        for k in range(max(len(c) for c in r)):
+            lines.append(line([c[k] if k < len(c) else "" for c in r]))
+    return lines
+
+
+def _plain_items(stream: Sequence[Item]) -> list[str]:
+    out: list[str] = []
+    for it in stream:
+        out += plain_table(it) if isinstance(it, Table) else [it.plain()]
+    return out
+
+
+def plain(reports: Union[Report, Sequence[Report]]) -> str:
+    """The text report without rich and without wrapping (``str(report)``)."""
+    reports = list(reports) if isinstance(reports, (list, tuple)) else [reports]
+    lines: list[str] = []
+    if len(reports) > 1:
+        lines += plain_table(compare_table(reports)) + [""]
+    for k, r in enumerate(reports):
+        if k:
+            lines += ["", f"---- {r.label or r.config or ''}"]
+        lines += _plain_items(list(items(r)))
+    return "\n".join(lines)
+
+
+def _rich(it: Item):
+    """A rich renderable of an item."""
+    if isinstance(it, Line):
+        return it.markup()
+    from rich import box
+    from rich.table import Table as RichTable
+
+    t = RichTable(title=Line(it.title).markup(), title_justify="left", box=box.SIMPLE_HEAD,
+                  expand=it.expand)
+    for c in it.columns:
+        t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
+                     no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
+                     max_width=c.max_width, ratio=c.ratio)
+    for r in it.rows:
+        t.add_row(*[(c if isinstance(c, Line) else Line(str(c))).markup() for c in r])
+    return t
+
+
+def renderables(report: Report):
+    """The rich renderables of one report, summary line first."""
+    for it in items(report):
+        yield _rich(it)
+
+
+def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
+           color: bool = False) -> str:
     """The text report (several reports: a comparison table, then each in full).
 
-    Without rich (the `report` extra) this is the plain rendering of ``str(report)``."""
-    reports = [reports] if isinstance(reports, Report) else list(reports)
+    Without rich (the `report` extra) this is ``plain``, the rendering of ``str(report)``."""
+    reports = list(reports) if isinstance(reports, (list, tuple)) else [reports]
     try:
         from rich.console import Console
     except ImportError:
-        return "\n\n".join(str(r) for r in reports) + "\n"
+        return plain(reports) + "\n"
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False, soft_wrap=False)
     if len(reports) > 1:
-        console.print(compare_table(reports))
+        console.print(_rich(compare_table(reports)))
         console.print()
     for k, r in enumerate(reports):
         if k:

@@ -122,6 +122,7 @@ class MeasuredGraph:
         (measuring catches those failures); a process that dies leaves the others in
         the broadcast until the process group's timeout."""
         outcome = self._record.outcome
+        outcome.rank, outcome.world_size = dist.get_rank(), dist.get_world_size()
         if dist.get_rank() == 0:
             self._choose(args)
             dist.broadcast_object_list([self._decision(self.chosen)], src=0)
