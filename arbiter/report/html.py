@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .model import GraphReport, Report
+from .text import kind_fell_back, kind_where, ops_text
 
 #: Most module groups an overview shows (rows); deeper paths are cut to fit.
 MAX_GROUPS = 32
@@ -270,6 +271,46 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
     return "".join(out)
 
 
+def _kinds(r: Report) -> str:
+    """Per graph kind (forward, backward, inference): what ran where, one row each."""
+    if not r.kinds:
+        return ""
+    timed = any(k.calls for k in r.kinds)
+    head = ["kind", "graphs", "nodes", "partitions", "runs on: nodes in partitions",
+            "eager: its ops", "fell back", "compile s"] + (["run ms/call"] if timed else [])
+    rows = []
+    for k in r.kinds:
+        row = [k.kind, len(k.graphs), k.nodes, k.partitions, kind_where(k),
+               ops_text(k.eager_ops, 6) if k.eager_nodes else "-", kind_fell_back(k),
+               round(k.compile_s, 2)]
+        if timed:
+            row.append(round(k.run_s / k.calls * 1e3, 3) if k.calls else "-")
+        rows.append(row)
+    return '<div class="kinds"><p><b>what ran where, per graph kind</b></p>' + \
+        _table("kinds", head, rows) + "</div>"
+
+
+def _distributed(r: Report) -> str:
+    """Which decisions were broadcast under torch.distributed; nothing when none was."""
+    d = r.distributed
+    if d is None:
+        return ""
+    who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
+        (f" of {d.world_size}" if d.world_size is not None else "")
+    what = []
+    if d.sent:
+        what.append(f"{d.sent} graph(s) decided here (policy measure) and broadcast")
+    if d.received:
+        what.append(f"{d.received} graph(s) took rank 0's decision, untimed")
+    items = "".join(f"<li>graph {b.graph_id} ({_e(b.kind)}{', ' + _e(b.model) if b.model else ''})"
+                    f": {_e(b.chosen or '-')} ({_e(b.role)})</li>" for b in d.broadcast)
+    if d.not_broadcast:
+        items += ("<li>not broadcast (decided alike on every rank, or not called yet): graph "
+                  + ", ".join(map(str, d.not_broadcast)) + "</li>")
+    return (f'<div class="distributed"><p><b>distributed</b>: {_e(who)}: '
+            f'{_e("; ".join(what))}</p><ul>{items}</ul></div>')
+
+
 def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
     out = [f'<section class="report" data-report="{rid}">',
            f"<h2>{_e(r.label or r.config or 'default')}</h2>",
@@ -280,6 +321,8 @@ def _section(r: Report, rid: int, colors: dict[str, str]) -> str:
     out += [f'<p class="warn">warning: {_e(w)}</p>' for w in r.warnings]
     if r.graph_breaks is not None and r.graph_breaks.breaks:
         out += [f'<p class="warn">graph break: {_e(x)}</p>' for x in r.graph_breaks.reasons]
+    out.append(_kinds(r))
+    out.append(_distributed(r))
     more = [f"<p>model {_e(r.model or '-')} · config {_e(r.config or 'default')} · "
             f"{_e(r.created)}</p>",
             "<p>versions: " + _e("; ".join(f"{k}: {v}" for k, v in r.versions.items())) + "</p>"]

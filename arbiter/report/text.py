@@ -81,7 +81,7 @@ def _shapes(ts) -> str:
     return text + (f" +{len(ts) - 1}" if len(ts) > 1 else "")
 
 
-def _ops(ops: dict[str, int], most: Optional[int] = None) -> str:
+def ops_text(ops: dict[str, int], most: Optional[int] = None) -> str:
     """``opxN, op2, ...``, most nodes first; with ``most``, the first ``most`` and how many
     ops more."""
     items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -140,7 +140,7 @@ def kind_table(report: Report) -> Optional[Table]:
         where = kind_where(k) + (f"; {not_yet} of {k.partitions} partitions not compiled"
                                  if not_yet else "")
         row: list[Cell] = [k.kind + graphs, str(k.nodes), where,
-                           _ops(k.eager_ops, 4) if k.eager_nodes else "-",
+                           ops_text(k.eager_ops, 4) if k.eager_nodes else "-",
                            kind_fell_back(k), f"{k.compile_s:.2f} s" if k.compile_s else "-"]
         if timed:
             row.append(f"{k.run_s / k.calls * 1e3:.3f} ms" if k.calls else "-")
@@ -213,7 +213,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
                 row.append(f"{p.run_s / p.calls * 1e3:.3f} ms ({share:.0%})")
             else:
                 row.append("-")
-        row.append(_ops(p.ops))
+        row.append(ops_text(p.ops))
         t.rows.append(row)
     yield t
     if g.chosen or g.candidates_ms or g.estimates_ms:
