@@ -290,3 +290,32 @@ def test_distributed_section_from_constructed_graphs():
     assert [b.graph_id for b in d.broadcast] == [0, 1]
     assert distributed_report(graphs[2:]) is None
     assert distributed_report([]) is None
+
+
+def test_str_and_render_draw_the_same_items(training):
+    """One source (text.items): every line of it is in both renderings; the plain one
+    (str) needs no rich, and render without rich is the plain one."""
+    import subprocess
+    import sys
+
+    from arbiter.report.text import Line, Table, items
+
+    _, rep = training
+    plain, rich_text = str(rep), render(rep, width=160)
+    flat = " ".join(rich_text.split())
+    stream = list(items(rep))
+    assert any(isinstance(it, Table) and it.title.startswith("what ran where")
+               for it in stream)
+    for it in stream:
+        if isinstance(it, Line) and it.plain().strip():
+            assert it.plain() in plain.splitlines()
+            assert " ".join(it.plain().split()) in flat
+    code = ("import sys; sys.modules['rich'] = None\n"
+            "from arbiter.report import Report\n"
+            "from arbiter.report.text import render\n"
+            "r = Report.model_validate_json(sys.stdin.read())\n"
+            "print(str(r) + '\\n' == render(r), 'what ran where, per graph kind' in str(r))")
+    out = subprocess.run([sys.executable, "-c", code], input=rep.model_dump_json(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
