@@ -36,7 +36,8 @@ class Line:
                        for p in self.parts)
 
 
-Cell = Union[str, Line]
+#: A table cell: text, styled text, or entries (rich: one a line; plain: joined by ", ").
+Cell = Union[str, Line, list]
 
 
 @dataclass
@@ -111,8 +112,12 @@ def _backend_cell(p) -> Cell:
 # -- per graph kind, and the distributed section -------------------------------------
 def kind_where(k: KindReport) -> str:
     """``onnxruntime 398 in 2, eager 14 in 5``: nodes and partitions per backend."""
-    return ", ".join(f"{b.backend} {b.nodes} in {b.partitions}"
-                     + ("" if b.compiled else " (plan)") for b in k.backends) or "-"
+    return ", ".join(kind_entries(k)) or "-"
+
+
+def kind_entries(k: KindReport) -> list[str]:
+    return [f"{b.backend} {b.nodes} in {b.partitions}" + ("" if b.compiled else " (plan)")
+            for b in k.backends]
 
 
 def kind_fell_back(k: KindReport) -> str:
@@ -137,8 +142,8 @@ def kind_table(report: Report) -> Optional[Table]:
     for k in report.kinds:
         graphs = f" ({len(k.graphs)} graphs)" if len(k.graphs) > 1 else ""
         not_yet = k.partitions - k.compiled_partitions
-        where = kind_where(k) + (f"; {not_yet} of {k.partitions} partitions not compiled"
-                                 if not_yet else "")
+        where = (kind_entries(k) or ["-"]) + ([f"{not_yet} of {k.partitions} partitions "
+                                               "not compiled"] if not_yet else [])
         row: list[Cell] = [k.kind + graphs, str(k.nodes), where,
                            ops_text(k.eager_ops, 4) if k.eager_nodes else "-",
                            kind_fell_back(k), f"{k.compile_s:.2f} s" if k.compile_s else "-"]
@@ -382,7 +387,15 @@ def compare_table(reports: Sequence[Report]) -> Table:
 
 # -- the two renderings ----------------------------------------------------------------
 def _plain_cell(c: Cell) -> str:
+    if isinstance(c, list):
+        return ", ".join(c)
     return c.plain() if isinstance(c, Line) else str(c)
+
+
+def _rich_cell(c: Cell) -> str:
+    if isinstance(c, list):
+        return "\n".join(Line(x).markup() for x in c)
+    return (c if isinstance(c, Line) else Line(str(c))).markup()
 
 
 def plain_table(t: Table) -> list[str]:
@@ -439,7 +452,7 @@ def _rich(it: Item):
                      no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
                      max_width=c.max_width, ratio=c.ratio)
     for r in it.rows:
-        t.add_row(*[(c if isinstance(c, Line) else Line(str(c))).markup() for c in r])
+        t.add_row(*[_rich_cell(c) for c in r])
     return t
 
 
