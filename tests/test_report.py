@@ -120,7 +120,7 @@ def test_fallback_is_reported_never_claimed(make_backend, fresh_dynamo):
     assert all(set(o.placed) == {"onnxruntime"} for o in rep.graphs[0].ops)
     assert "failing" not in rep.summary() and "fallbacks: 1" in rep.summary()
     text = render(rep)
-    assert "fallback partition 0 at compile: failing -> onnxruntime" in text
+    assert "fallback at compile: failing -> onnxruntime (partition 0): " in text
     assert "boom at compile" in text and "(planned failing)" in text
     # the reason's location prints as data, not markup (long lines wrap at 100 columns)
     assert "[at test_report.py:" in " ".join(text.split())

@@ -277,8 +277,8 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         yield Line("  ", ("yellow", "warning"), f": {w}")
     for p in g.partitions:
         for f in p.fallbacks:
-            yield Line("  ", ("yellow", "fallback"), f" partition {p.id} at {f.stage}: "
-                       f"{f.from_backend} -> {f.to_backend}: {f.reason}")
+            yield Line("  ", ("yellow", "fallback"), f" at {f.stage}: {f.from_backend} -> "
+                       f"{f.to_backend} (partition {p.id}): {f.reason}")
 
     ops = Table(f"graph {g.graph_id}: ops",
                 [Col("op", wrap=True, max_width=28), Col("nodes", right=True),
