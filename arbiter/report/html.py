@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .model import GraphReport, Report
-from .text import kind_fell_back, kind_where, ops_text
+from .text import (distributed_entries, distributed_summary, kind_fell_back, kind_where,
+                   ops_text)
 
 #: Most module groups an overview shows (rows); deeper paths are cut to fit.
 MAX_GROUPS = 32
@@ -292,23 +293,11 @@ def _kinds(r: Report) -> str:
 
 def _distributed(r: Report) -> str:
     """Which decisions were broadcast under torch.distributed; nothing when none was."""
-    d = r.distributed
-    if d is None:
+    if r.distributed is None:
         return ""
-    who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
-        (f" of {d.world_size}" if d.world_size is not None else "")
-    what = []
-    if d.sent:
-        what.append(f"{d.sent} graph(s) decided here (policy measure) and broadcast")
-    if d.received:
-        what.append(f"{d.received} graph(s) took rank 0's decision, untimed")
-    items = "".join(f"<li>graph {b.graph_id} ({_e(b.kind)}{', ' + _e(b.model) if b.model else ''})"
-                    f": {_e(b.chosen or '-')} ({_e(b.role)})</li>" for b in d.broadcast)
-    if d.not_broadcast:
-        items += ("<li>not broadcast (decided alike on every rank, or not called yet): graph "
-                  + ", ".join(map(str, d.not_broadcast)) + "</li>")
-    return (f'<div class="distributed"><p><b>distributed</b>: {_e(who)}: '
-            f'{_e("; ".join(what))}</p><ul>{items}</ul></div>')
+    items = "".join(f"<li>{_e(x)}</li>" for x in distributed_entries(r.distributed))
+    return (f'<div class="distributed"><p><b>distributed</b>: '
+            f'{_e(distributed_summary(r.distributed))}</p><ul>{items}</ul></div>')
 
 
 def _section(r: Report, rid: int, colors: dict[str, str]) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 if TYPE_CHECKING:
-    from .model import GraphReport, KindReport, PatternReport, Report
+    from .model import DistributedReport, GraphReport, KindReport, PatternReport, Report
 
 WIDTH = 100
 
@@ -153,11 +153,8 @@ def kind_table(report: Report) -> Optional[Table]:
     return t
 
 
-def distributed_lines(report: Report) -> Iterator[Line]:
-    """Which decisions were broadcast under torch.distributed (nothing when none was)."""
-    d = report.distributed
-    if d is None:
-        return
+def distributed_summary(d: DistributedReport) -> str:
+    """``rank 0 of 2: 3 graph(s) decided here (policy measure) and broadcast``."""
     who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
         (f" of {d.world_size}" if d.world_size is not None else "")
     what = []
@@ -165,13 +162,26 @@ def distributed_lines(report: Report) -> Iterator[Line]:
         what.append(f"{d.sent} graph(s) decided here (policy measure) and broadcast")
     if d.received:
         what.append(f"{d.received} graph(s) took rank 0's decision, untimed")
-    yield Line(("bold", "distributed"), f": {who}: " + "; ".join(what))
-    for b in d.broadcast:
-        yield Line(f"  graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
-                   f"{b.chosen or '-'} ({b.role})")
+    return f"{who}: " + "; ".join(what)
+
+
+def distributed_entries(d: DistributedReport) -> list[str]:
+    """One entry per broadcast graph, then the graphs not broadcast."""
+    out = [f"graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
+           f"{b.chosen or '-'} ({b.role})" for b in d.broadcast]
     if d.not_broadcast:
-        yield Line("  not broadcast (decided alike on every rank, or not called yet): graph "
+        out.append("not broadcast (decided alike on every rank, or not called yet): graph "
                    + ", ".join(map(str, d.not_broadcast)))
+    return out
+
+
+def distributed_lines(report: Report) -> Iterator[Line]:
+    """Which decisions were broadcast under torch.distributed (nothing when none was)."""
+    if report.distributed is None:
+        return
+    yield Line(("bold", "distributed"), ": " + distributed_summary(report.distributed))
+    for x in distributed_entries(report.distributed):
+        yield Line("  " + x)
 
 
 def _refused(refusals) -> str:
