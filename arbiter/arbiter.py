@@ -32,6 +32,7 @@ from ._version import __version__
 from .cache import from_options as cache_from_options
 from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
+from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line
 from .ops import op_name
 from .plan.partition import Plan
@@ -222,6 +223,8 @@ class Arbiter:
                        constants: dict[torch.fx.Node, torch.Tensor],
                        owner: Owner = UNKNOWN) -> Callable:
         start = time.perf_counter()
+        if self.config.random == "eager":  # eager's dropout masks, drawn apart from the data
+            split_dropout(gm)
         choice = self.policy.choose(self.planner, gm)
         plan_s = time.perf_counter() - start
         with self._lock:

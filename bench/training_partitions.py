@@ -2,13 +2,16 @@
 backend, nodes left to eager, first-step time, and the gradients checked against eager.
 
 Compares ONNX Runtime's manifest with and without its `decompositions:` (without: what
-the backward graphs got before per-backend decompositions, arbiter/decompose.py) under a
-config (default: the shipped `default`, ONNX Runtime then Inductor). Models: the demo's
+the backward graphs got before per-backend decompositions, arbiter/decompose.py), and
+with them but each `native_dropout` left whole (what the forward graphs got before
+`decompose.split_dropout` drew dropout masks apart from the data), under a config
+(default: the shipped `default`, ONNX Runtime then Inductor). Models: the demo's
 GPT-2 (`gpt2_tiny`, 2 layers), a BERT-style encoder (transformers' BertModel, hidden
 256, 4 layers; `--seq`, `--batch`), `mobilenet_v2` (96x96, batch 4) and `resnet18` (64x64,
 batch 8), all in train mode (dropout on, batch norm with batch statistics).
 
     .venv/bin/python bench/training_partitions.py [--models gpt2_tiny bert] [--config default]
+        [--variants none whole split]
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import torch
 import yaml
@@ -96,7 +100,10 @@ def step(model, inputs, seed: int):
     return out
 
 
-def run(name: str, config: dict, seq: int, batch: int) -> dict:
+def run(name: str, config: dict, seq: int, batch: int, split: bool = True) -> dict:
+    if not split:  # dropout left whole: the forward as before split_dropout
+        with mock.patch("arbiter.arbiter.split_dropout", lambda gm: 0):
+            return run(name, config, seq, batch)
     torch._dynamo.reset()
     model, inputs = load(name, seq, batch)
     model.train()
@@ -130,6 +137,11 @@ def main() -> int:
     ap.add_argument("--config", default="default")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--variants", nargs="+", default=["none", "whole", "split"],
+                    choices=["none", "whole", "split"],
+                    help="none: no ONNX Runtime decompositions (dropout left whole); whole: "
+                         "the manifest's, dropout left whole; split: the manifest's, dropout "
+                         "split (arbiter as shipped)")
     args = ap.parse_args()
     from arbiter.config import load_config
 
@@ -137,13 +149,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         before = {**base, "manifests": {"onnxruntime": no_decompositions_manifest(tmp)}}
         print(f"uptime: {os.getloadavg()}")
-        print("| model | ONNX Runtime decompositions | forward partitions (by backend) | "
+        print("| model | ONNX Runtime decompositions, dropout | forward partitions (by backend) | "
               "backward partitions (by backend) | eager nodes fwd/bwd (of) | first step s "
               "| max abs diff vs eager |")
         print("|---|---|---|---|---|---:|---:|")
         for name in args.models:
-            for label, config in (("none (before)", before), ("manifest's (after)", base)):
-                r = run(name, config, args.seq, args.batch)
+            for variant, label, config, split in (
+                    ("none", "none, dropout whole", before, False),
+                    ("whole", "manifest's, dropout whole", base, False),
+                    ("split", "manifest's, dropout split", base, True)):
+                if variant not in args.variants:
+                    continue
+                r = run(name, config, args.seq, args.batch, split)
                 f, b = r["forward"], r["backward"]
                 print(f"| {name} | {label} | {f[0]} {f[1]} | {b[0]} {b[1]} | "
                       f"{f[2]}/{b[2]} (of {f[3]}/{b[3]}) | {r['first_step_s']:.1f} | "
