@@ -178,39 +178,68 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
 
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                           transposed, output_padding, groups, output_mask):
-    """``convolution_backward`` of a plain convolution (not transposed, one group) as
-    convolutions: the input's gradient is the transposed convolution of the output's
-    gradient with the weight; the weight's is the convolution of the input with the
-    output's gradient, batch and channels swapped (stride and dilation trade places),
-    cut to the kernel's size; the bias's is the output's gradient summed."""
+    """``convolution_backward`` as convolutions, grouped (depthwise) and transposed ones
+    included. A plain convolution's input gradient is the transposed convolution of the
+    output's gradient with the same weight (and groups), its output padding what makes
+    up the input's size; a transposed convolution's is the plain convolution of the
+    output's gradient with its weight. The weight's gradient is ``_weight_grad`` (for a
+    transposed convolution with the roles of input and output gradient swapped); the
+    bias's is the output's gradient summed."""
     aten = torch.ops.aten
-    if transposed or groups != 1:
-        return NotImplemented
     nd = input.dim() - 2
+    if nd < 1 or groups < 1:
+        return NotImplemented
 
     def per_dim(v):
         v = list(v) if isinstance(v, (list, tuple)) else [v]
         return v * nd if len(v) == 1 else v
 
     stride, padding, dilation = per_dim(stride), per_dim(padding), per_dim(dilation)
-    kernel = weight.shape[2:]
+    kernel = list(weight.shape[2:])
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        extra_pad = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i]
-                                           - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + 1)
-                     for i in range(nd)]
-        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
-                                      True, extra_pad, 1)
+        if transposed:
+            grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
+                                          False, [0] * nd, groups)
+        else:
+            extra_pad = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i]
+                                               - 2 * padding[i] + dilation[i] * (kernel[i] - 1)
+                                               + 1)
+                         for i in range(nd)]
+            grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
+                                          True, extra_pad, groups)
     if output_mask[1]:
-        gw = aten.convolution(input.transpose(0, 1), grad_output.transpose(0, 1), None,
-                              dilation, padding, stride, False, [0] * nd, 1).transpose(0, 1)
-        for i in range(nd):
-            if gw.shape[2 + i] != kernel[i]:
-                gw = gw.narrow(2 + i, 0, kernel[i])
-        grad_weight = gw.contiguous()
+        if transposed:  # the weight is (input channels, output channels / groups, ...)
+            grad_weight = _weight_grad(grad_output, input, kernel, stride, padding, dilation,
+                                       groups)
+        else:
+            grad_weight = _weight_grad(input, grad_output, kernel, stride, padding, dilation,
+                                       groups)
     if output_mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias
+
+
+def _weight_grad(input, grad, kernel, stride, padding, dilation, groups):
+    """The weight gradient of a plain convolution of ``input`` (N, C, ...) whose output's
+    gradient is ``grad`` (N, K, ...): (K, C / groups, *kernel). One grouped convolution:
+    the batch becomes the channels (input (C / groups, groups * N, ...), the gradient as
+    the weight (K, N, ...)), stride and dilation trade places, and the result is cut to
+    the kernel's size (a stride that does not divide leaves a remainder)."""
+    aten = torch.ops.aten
+    nd = input.dim() - 2
+    n, c = input.shape[0], input.shape[1]
+    spatial = list(input.shape[2:])
+    x = aten.view.default(input, [n, groups, c // groups, *spatial])
+    x = aten.permute.default(x, [2, 1, 0, *range(3, 3 + nd)])
+    x = aten.reshape.default(x, [c // groups, groups * n, *spatial])
+    gw = aten.convolution(x, aten.transpose.int(grad, 0, 1), None, dilation, padding, stride,
+                          False, [0] * nd, groups)
+    for i in range(nd):
+        if gw.shape[2 + i] != kernel[i]:
+            gw = aten.narrow.default(gw, 2 + i, 0, kernel[i])
+    return aten.clone.default(aten.transpose.int(gw, 0, 1),
+                              memory_format=torch.contiguous_format)
 
 
 # -- dropout: the mask drawn apart from the data (config `random: eager`) ------------------

@@ -142,16 +142,48 @@ def test_convolution_backward_decomposition_equals_aten(nd, stride, padding, dil
                 torch.testing.assert_close(b, a)
 
 
-def test_grouped_convolution_backward_is_not_decomposed(fresh_dynamo):
-    """groups > 1: no decomposition applies; ONNX Runtime refuses the node, saying so."""
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("groups,cin,cout", [(2, 4, 6), (4, 4, 4), (4, 4, 8), (3, 6, 3)])
+@pytest.mark.parametrize("stride,padding,dilation,output_padding",
+                         [(1, 0, 1, 0), (2, 1, 1, 1), (3, 2, 2, 1), (2, 0, 3, 0)])
+def test_grouped_and_transposed_convolution_backward_equals_aten(
+        nd, transposed, groups, cin, cout, stride, padding, dilation, output_padding):
+    """Grouped (depthwise: groups == channels) and transposed convolutions, output
+    padding included, against ATen's kernel."""
+    torch.manual_seed(nd * 1000 + groups * 100 + stride * 10 + dilation)
+    op = output_padding if transposed else 0
+    x = torch.randn(2, cin, *[7 + k for k in range(nd)], dtype=torch.float64)
+    shape = (cin, cout // groups) if transposed else (cout, cin // groups)
+    w = torch.randn(*shape, *[3] * nd, dtype=torch.float64)
+    args = ([stride] * nd, [padding] * nd, [dilation] * nd, transposed, [op] * nd, groups)
+    out = torch.ops.aten.convolution(x, w, None, *args)
+    g = torch.randn_like(out)
+    for mask in ([True, True, True], [True, False, False], [False, True, False]):
+        want = torch.ops.aten.convolution_backward(g, x, w, [out.shape[1]], *args, mask)
+        got = _convolution_backward(g, x, w, [out.shape[1]], *args, mask)
+        for a, b in zip(want, got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a)
+
+
+def test_grouped_and_transposed_convolution_training_on_onnx_runtime(fresh_dynamo):
+    """Grouped, depthwise and transposed convolutions (stride, padding, output padding,
+    dilation): their backward is one ONNX Runtime partition (grouped and transposed
+    ``convolution_backward`` stayed whole in eager before), gradients eager's."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, groups=2), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8, padding=1),
+        nn.ReLU(), nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1),
+        nn.ReLU(), nn.ConvTranspose2d(6, 6, 3, stride=2, groups=3, dilation=2))
     be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
     _train(model, (torch.randn(2, 4, 9, 9),), be)
     backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
+    assert [(p.backend, bool(p.fallbacks)) for p in backward.partitions] == \
+        [("onnxruntime", False)]
     op = next(o for o in backward.ops if o.op == "aten.convolution_backward.default")
-    assert op.nodes == 2 and op.placed.get("onnxruntime") == 1  # the plain one
-    assert "keeps the op itself" in op.refused["onnxruntime"]
+    assert op.nodes == 4 and op.placed.get("onnxruntime") == 4
 
 
 def test_decompositions_apply_leaves_the_partition_alone():
