@@ -12,6 +12,9 @@ batch 8), all in train mode (dropout on, batch norm with batch statistics).
 
     .venv/bin/python bench/training_partitions.py [--models gpt2_tiny bert] [--config default]
         [--variants none whole split]
+
+Each run starts with an empty arbiter cache (``ARBITER_CACHE_DIR``), so first steps are
+cold compiles.
 """
 from __future__ import annotations
 
@@ -101,9 +104,16 @@ def step(model, inputs, seed: int):
 
 
 def run(name: str, config: dict, seq: int, batch: int, split: bool = True) -> dict:
-    if not split:  # dropout left whole: the forward as before split_dropout
-        with mock.patch("arbiter.arbiter.split_dropout", lambda gm: 0):
-            return run(name, config, seq, batch)
+    # cold compiles: an empty arbiter cache per run (first-step times comparable)
+    with tempfile.TemporaryDirectory(prefix="arbiter-bench-") as cache, \
+            mock.patch.dict(os.environ, {"ARBITER_CACHE_DIR": cache}):
+        if not split:  # dropout left whole: the forward as before split_dropout
+            with mock.patch("arbiter.arbiter.split_dropout", lambda gm: 0):
+                return _run(name, config, seq, batch)
+        return _run(name, config, seq, batch)
+
+
+def _run(name: str, config: dict, seq: int, batch: int) -> dict:
     torch._dynamo.reset()
     model, inputs = load(name, seq, batch)
     model.train()
