@@ -246,6 +246,16 @@ def test_random_backend_leaves_dropout_whole(make_backend, fresh_dynamo):
     assert "aten.native_dropout.default" in ops and "arbiter.dropout_mask.default" not in ops
 
 
+def test_a_rule_naming_the_dropout_leaves_it_whole(make_backend, fresh_dynamo):
+    """`exclude_ops: [aten.native_dropout]`: the user's rule sees the op it names."""
+    name = _aten_backend(make_backend)
+    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1,
+                          "exclude_ops": ["aten.native_dropout"]})
+    torch.compile(MLP(), backend=be)(torch.randn(4, 32)).sum().backward()
+    ops = [op for _, ops in _partitions(be, "forward") for op in ops]
+    assert "aten.native_dropout.default" in ops and "arbiter.dropout_mask.default" not in ops
+
+
 # -- transformers ---------------------------------------------------------------------------
 def _bert():
     from transformers import BertConfig, BertModel
