@@ -336,6 +336,9 @@ def split_dropout(gm: torch.fx.GraphModule) -> int:
         return 0
     split = 0
     for node in nodes:
+        if not all(is_getitem(u) and isinstance(u.args[1], int) for u in node.users):
+            log.debug("%s stays whole: read whole, not through getitem", node.name)
+            continue
         try:
             sub = _DROPOUT.trace(node)
             _inline(gm.graph, node, sub)
