@@ -32,6 +32,7 @@ from ._version import __version__
 from .cache import from_options as cache_from_options
 from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
+from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line
 from .ops import op_name
 from .plan.partition import Plan
@@ -149,6 +150,11 @@ class Arbiter:
         # backend's (its manifest's) only to the nodes it takes (arbiter/decompose.py).
         self._decompositions = decomposition_table(self.config.decompositions)
         self._decomposed = sorted({op_name(k) for k in self._decompositions})
+        # random: eager draws dropout masks apart from the data (decompose.split_dropout),
+        # unless a pin or exclude names the dropout (the user's rule then sees it whole)
+        self._split_dropout = self.config.random == "eager" and not any(
+            names(op, "aten.native_dropout.default")
+            for op in (*self.config.exclude_ops, *self.config.pin))
         self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
         self._warned: set = set()
         if not dry_run:  # one thread budget and arena per process, before any compile
@@ -223,6 +229,8 @@ class Arbiter:
                        constants: dict[torch.fx.Node, torch.Tensor],
                        owner: Owner = UNKNOWN) -> Callable:
         start = time.perf_counter()
+        if self._split_dropout:  # eager's dropout masks, drawn apart from the data
+            split_dropout(gm)
         choice = self.policy.choose(self.planner, gm)
         plan_s = time.perf_counter() - start
         with self._lock:

@@ -255,8 +255,10 @@ class Config(BaseModel):
         "eager", description="where ops that draw random numbers (dropout, rand, bernoulli) "
         "run. `eager` (the default): in place, in graph order, so a compiled model draws "
         "exactly what eager PyTorch draws from torch's generator (bit-equal training runs, "
-        "reproducible with `torch.manual_seed`), at the price of a partition cut at every "
-        "dropout. `backend`: like any op, on a backend that draws its own random numbers "
+        "reproducible with `torch.manual_seed`); a dropout's mask is drawn apart from its "
+        "data, so the compute around it stays on one backend (static float32/float64 "
+        "shapes; others cut the graph at the dropout). `backend`: like any op, on a "
+        "backend that draws its own random numbers "
         "on every call (Inductor, as under `torch.compile`): the same distribution "
         "(keep rate, scaling), not the same numbers; `verify` skips partitions that draw")
     manifests: dict[str, str] = Field(

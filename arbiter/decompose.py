@@ -115,16 +115,21 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     return var, aten.mean.dim(x, dims, keepdim)
 
 
-def _attention_scores(query, key, is_causal, scale):
-    """S = q k^T * scale, -inf above the diagonal when causal (top-left aligned, as the
-    CPU flash kernel does; no row is fully masked); None where that does not apply
-    (other than 4-d, grouped heads, not floating point)."""
+def _attention_scores(query, key, is_causal, scale, attn_mask=None):
+    """S = q k^T * scale + attn_mask, -inf above the diagonal when causal (top-left
+    aligned, as the CPU flash kernel does); None where that does not apply (other than
+    4-d, grouped heads, not floating point, a mask of another dtype than the query's:
+    the kernel refuses those, SDPA turns a boolean mask into an additive one first)."""
     aten = torch.ops.aten
     if query.dim() != 4 or key.shape[1] != query.shape[1] or not query.is_floating_point():
+        return None
+    if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() > 4):
         return None
     length, source = query.shape[2], key.shape[2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     s = aten.mul.Scalar(aten.matmul.default(query, aten.transpose.int(key, -2, -1)), scale)
+    if attn_mask is not None:
+        s = aten.add.Tensor(s, attn_mask)
     if is_causal:
         allowed = aten.tril.default(aten.ones.default([length, source], dtype=torch.bool,
                                                       device=query.device))
@@ -137,17 +142,25 @@ def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, 
     """``_scaled_dot_product_flash_attention_for_cpu`` as matmuls and a softmax, with
     its real ``logsumexp`` (batch, heads, length): PyTorch's decomposition returns the
     attention matrix in its place, which a training step's backward reads (the
-    "invalid dimensions for output" ONNX Runtime failed with). Without dropout and an
-    explicit mask only (else the op stays whole)."""
+    "invalid dimensions for output" ONNX Runtime failed with). With an additive mask
+    (what SDPA hands the kernel), a row the mask leaves no key is the kernel's: output
+    0, logsumexp 0. Without dropout only (else the op stays whole)."""
     aten = torch.ops.aten
-    if dropout_p != 0.0 or attn_mask is not None:
+    if dropout_p != 0.0:
         return NotImplemented
-    s = _attention_scores(query, key, is_causal, scale)
+    s = _attention_scores(query, key, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
     top = aten.max.dim(s, -1, True)[0]
-    lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
-        aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
+    if attn_mask is None:  # causal or not, every row keeps a key
+        lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
+            aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
+    else:
+        dead = aten.eq.Scalar(top, float("-inf"))
+        zero = aten.zeros_like.default(top)
+        top = aten.where.self(dead, zero, top)
+        lse = aten.where.self(dead, zero, aten.add.Tensor(aten.log.default(
+            aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top))
     probs = aten.exp.default(aten.sub.Tensor(s, lse))
     return aten.matmul.default(probs, value), aten.view.default(lse, list(lse.shape[:-1]))
 
@@ -157,11 +170,11 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
                                       scale=None):
     """Its backward from the saved ``logsumexp``, as the kernel computes it: P = exp(S -
     lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
-    dK = dS^T Q * scale."""
+    dK = dS^T Q * scale (no gradient for the mask, as the kernel)."""
     aten = torch.ops.aten
-    if dropout_p != 0.0 or attn_mask is not None:
+    if dropout_p != 0.0:
         return NotImplemented
-    s = _attention_scores(query, key, is_causal, scale)
+    s = _attention_scores(query, key, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
     scale = query.shape[-1] ** -0.5 if scale is None else scale
@@ -178,39 +191,182 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
 
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                           transposed, output_padding, groups, output_mask):
-    """``convolution_backward`` of a plain convolution (not transposed, one group) as
-    convolutions: the input's gradient is the transposed convolution of the output's
-    gradient with the weight; the weight's is the convolution of the input with the
-    output's gradient, batch and channels swapped (stride and dilation trade places),
-    cut to the kernel's size; the bias's is the output's gradient summed."""
+    """``convolution_backward`` as convolutions, grouped (depthwise) and transposed ones
+    included. A plain convolution's input gradient is the transposed convolution of the
+    output's gradient with the same weight (and groups), its output padding what makes
+    up the input's size; a transposed convolution's is the plain convolution of the
+    output's gradient with its weight. The weight's gradient is ``_weight_grad`` (for a
+    transposed convolution with the roles of input and output gradient swapped); the
+    bias's is the output's gradient summed."""
     aten = torch.ops.aten
-    if transposed or groups != 1:
-        return NotImplemented
     nd = input.dim() - 2
+    if nd < 1 or groups < 1:
+        return NotImplemented
 
     def per_dim(v):
         v = list(v) if isinstance(v, (list, tuple)) else [v]
         return v * nd if len(v) == 1 else v
 
     stride, padding, dilation = per_dim(stride), per_dim(padding), per_dim(dilation)
-    kernel = weight.shape[2:]
+    kernel = list(weight.shape[2:])
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        extra_pad = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i]
-                                           - 2 * padding[i] + dilation[i] * (kernel[i] - 1) + 1)
-                     for i in range(nd)]
-        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
-                                      True, extra_pad, 1)
+        if transposed:
+            grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
+                                          False, [0] * nd, groups)
+        else:
+            extra_pad = [input.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * stride[i]
+                                               - 2 * padding[i] + dilation[i] * (kernel[i] - 1)
+                                               + 1)
+                         for i in range(nd)]
+            grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation,
+                                          True, extra_pad, groups)
     if output_mask[1]:
-        gw = aten.convolution(input.transpose(0, 1), grad_output.transpose(0, 1), None,
-                              dilation, padding, stride, False, [0] * nd, 1).transpose(0, 1)
-        for i in range(nd):
-            if gw.shape[2 + i] != kernel[i]:
-                gw = gw.narrow(2 + i, 0, kernel[i])
-        grad_weight = gw.contiguous()
+        if transposed:  # the weight is (input channels, output channels / groups, ...)
+            grad_weight = _weight_grad(grad_output, input, kernel, stride, padding, dilation,
+                                       groups)
+        else:
+            grad_weight = _weight_grad(input, grad_output, kernel, stride, padding, dilation,
+                                       groups)
     if output_mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias
+
+
+def _weight_grad(input, grad, kernel, stride, padding, dilation, groups):
+    """The weight gradient of a plain convolution of ``input`` (N, C, ...) whose output's
+    gradient is ``grad`` (N, K, ...): (K, C / groups, *kernel). One grouped convolution:
+    the batch becomes the channels (input (C / groups, groups * N, ...), the gradient as
+    the weight (K, N, ...)), stride and dilation trade places, and the result is cut to
+    the kernel's size (a stride that does not divide leaves a remainder)."""
+    aten = torch.ops.aten
+    nd = input.dim() - 2
+    n, c = input.shape[0], input.shape[1]
+    spatial = list(input.shape[2:])
+    x = aten.view.default(input, [n, groups, c // groups, *spatial])
+    x = aten.permute.default(x, [2, 1, 0, *range(3, 3 + nd)])
+    x = aten.reshape.default(x, [c // groups, groups * n, *spatial])
+    gw = aten.convolution(x, aten.transpose.int(grad, 0, 1), None, dilation, padding, stride,
+                          False, [0] * nd, groups)
+    for i in range(nd):
+        if gw.shape[2 + i] != kernel[i]:
+            gw = aten.narrow.default(gw, 2 + i, 0, kernel[i])
+    return aten.clone.default(aten.transpose.int(gw, 0, 1),
+                              memory_format=torch.contiguous_format)
+
+
+# -- dropout: the mask drawn apart from the data (config `random: eager`) ------------------
+#: dtypes whose dropout is split (``split_dropout``): for float16/bfloat16 eager's
+#: ``mul_(scale)`` rounds otherwise than ``mul.Tensor`` (measured: same mask, other output)
+SPLIT_DROPOUT_DTYPES = (torch.float32, torch.float64)
+
+_MASK_OP: Any = None
+
+
+def dropout_mask_op() -> Any:
+    """``arbiter.dropout_mask(size, stride, p, dtype) -> Tensor(bool)``: the mask eager's
+    CPU ``native_dropout`` draws for an input of that geometry and dtype (``empty_like``,
+    ``bernoulli_(1 - p)``, as bool), reading no tensor. Tagged ``nondeterministic_seeded``,
+    so it is a random op (``ops.is_random``) like the dropout it comes from: it runs in
+    place, in the order of the graph's random ops. Defined on first use."""
+    global _MASK_OP
+    with _LOCK:
+        if _MASK_OP is None:
+            lib = torch.library.Library("arbiter", "FRAGMENT")  # noqa: TOR901 - kept below
+            lib.define("dropout_mask(int[] size, int[] stride, float p, ScalarType dtype) "
+                       "-> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+            lib.impl("dropout_mask", _draw_mask, "CompositeExplicitAutograd")
+            torch.library.register_fake("arbiter::dropout_mask", _fake_mask, lib=lib)
+            _LIBS.append(lib)
+            _MASK_OP = torch.ops.arbiter.dropout_mask.default
+    return _MASK_OP
+
+
+_LIBS: list = []  # the library fragment lives as long as the process
+
+
+def _draw_mask(size, stride, p, dtype):
+    drawn = torch.empty_strided(size, stride, dtype=dtype)
+    drawn.bernoulli_(1.0 - p)
+    return drawn.to(torch.bool)
+
+
+def _fake_mask(size, stride, p, dtype):
+    return torch.empty_strided(size, stride, dtype=torch.bool)
+
+
+def _native_dropout_split(x, p, train):
+    """``native_dropout`` as eager's CPU kernel computes it, with its random draw apart:
+    ``mask = dropout_mask(...)`` (no input), ``out = x * mask * (1 / (1 - p))`` (0 when
+    ``p == 1``). Bit-equal to eager's outputs and RNG stream for float32/float64 inputs
+    on the CPU with static shapes; NotImplemented otherwise (the op stays whole)."""
+    aten = torch.ops.aten
+    if (train is not None and not train) or x.dtype not in SPLIT_DROPOUT_DTYPES \
+            or x.device.type != "cpu" or x.numel() == 0 \
+            or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        return NotImplemented
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
+
+    # eager's mask is empty_like(x), filled in memory order: x's own layout where x is
+    # dense (a non-dense x, rare before a dropout, stays whole)
+    if not dense(x):
+        return NotImplemented
+    mask = dropout_mask_op()(list(x.shape), list(x.stride()), float(p), x.dtype)
+    keep = 1.0 - p
+    scale = 0.0 if keep == 0 else 1.0 / keep
+    out = aten.mul.Tensor(aten.mul.Tensor(x, aten._to_copy.default(mask, dtype=x.dtype)), scale)
+    return out, mask
+
+
+def split_dropout(gm: torch.fx.GraphModule) -> int:
+    """Rewrite ``gm`` in place (config ``random: eager``): each ``native_dropout`` that
+    ``_native_dropout_split`` takes becomes a ``dropout_mask`` node (the only random
+    one, reading nothing) and the multiplications by the mask and the scale (compute
+    any backend may take). Each mask node moves up to just after the previous random
+    node (or the graph's inputs): random ops keep their relative order (eager's RNG
+    stream; ``plan.partition`` chains them), and the partitioner can draw every mask
+    in one eager partition before the compute instead of cutting it at every dropout.
+    Returns how many were split; dropouts of symbolic shapes, float16/bfloat16, other
+    devices or ``train=False`` stay as they are."""
+    from .ops import is_random
+
+    target = torch.ops.aten.native_dropout.default
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+    if not nodes:
+        return 0
+    split = 0
+    for node in nodes:
+        if not all(is_getitem(u) and isinstance(u.args[1], int) for u in node.users):
+            log.debug("%s stays whole: read whole, not through getitem", node.name)
+            continue
+        try:
+            sub = _DROPOUT.trace(node)
+            _inline(gm.graph, node, sub)
+        except NotDecomposable as exc:
+            log.debug("%s stays whole: %s", node.name, exc)
+            continue
+        split += 1
+    if not split:
+        return 0
+    mask = dropout_mask_op()
+    anchor = None
+    for n in list(gm.graph.nodes):
+        if n.op in ("placeholder", "get_attr"):
+            anchor = n
+        elif n.op == "call_function" and n.target is mask:
+            if anchor is None:  # no input: to the top
+                first = next(iter(gm.graph.nodes))
+                if first is not n:
+                    first.prepend(n)
+            elif anchor.next is not n:
+                anchor.append(n)
+            anchor = n
+        elif n.op == "call_function" and is_random(n):
+            anchor = n
+    gm.graph.lint()
+    gm.recompile()
+    log.debug("split %d of %d native_dropout into an eager mask and compute", split, len(nodes))
+    return split
 
 
 def wants(names: Sequence[str], op: str) -> bool:
@@ -221,9 +377,12 @@ def wants(names: Sequence[str], op: str) -> bool:
 class Decompositions:
     """One backend's ``decompositions:``: which nodes it wants decomposed, and how."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], decompositions: Optional[dict] = None):
         self.names = tuple(names)
-        self.table = table(self.names) if self.names else {}
+        if decompositions is not None:  # a table of its own ({OpOverload: function})
+            self.table = dict(decompositions)
+        else:
+            self.table = table(self.names) if self.names else {}
 
     def __bool__(self) -> bool:
         return bool(self.table)
@@ -289,6 +448,10 @@ class Decompositions:
 _CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
 _LOCK = threading.Lock()
 _BY_NAMES: dict[tuple, Decompositions] = {}
+
+
+_DROPOUT = Decompositions(("aten.native_dropout.default",),
+                          {torch.ops.aten.native_dropout.default: _native_dropout_split})
 
 
 def for_names(names: Sequence[str]) -> Decompositions:

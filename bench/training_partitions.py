@@ -1,14 +1,22 @@
 """How a training step's graphs are partitioned: forward and backward partitions per
 backend, nodes left to eager, first-step time, and the gradients checked against eager.
 
-Compares ONNX Runtime's manifest with and without its `decompositions:` (without: what
-the backward graphs got before per-backend decompositions, arbiter/decompose.py) under a
-config (default: the shipped `default`, ONNX Runtime then Inductor). Models: the demo's
+Variants (`--variants`), under a config (default: the shipped `default`, ONNX Runtime
+then Inductor): `none`, ONNX Runtime's manifest without its `decompositions:` (what the
+backward graphs got before per-backend decompositions, arbiter/decompose.py); `whole`,
+with them as on 2026-11-23 (each `native_dropout` whole, before
+`decompose.split_dropout` drew dropout masks apart from the data, and grouped/transposed
+`convolution_backward` whole); `split`, arbiter as shipped. Models: the demo's
 GPT-2 (`gpt2_tiny`, 2 layers), a BERT-style encoder (transformers' BertModel, hidden
 256, 4 layers; `--seq`, `--batch`), `mobilenet_v2` (96x96, batch 4) and `resnet18` (64x64,
 batch 8), all in train mode (dropout on, batch norm with batch statistics).
 
     .venv/bin/python bench/training_partitions.py [--models gpt2_tiny bert] [--config default]
+        [--variants none whole split] [--steps 5]
+
+`--steps N` times N steps after the first (forward and backward) and gives their median.
+Each run starts with an empty arbiter cache (``ARBITER_CACHE_DIR``), so first steps are
+cold compiles.
 """
 from __future__ import annotations
 
@@ -17,7 +25,9 @@ import copy
 import os
 import sys
 import tempfile
+import statistics
 import time
+from unittest import mock
 
 import torch
 import yaml
@@ -96,7 +106,37 @@ def step(model, inputs, seed: int):
     return out
 
 
-def run(name: str, config: dict, seq: int, batch: int) -> dict:
+def run(name: str, config: dict, seq: int, batch: int, split: bool = True,
+        steps: int = 0) -> dict:
+    """``split=False``: as before 2026-11-24: dropout whole, grouped and transposed
+    ``convolution_backward`` whole."""
+    import arbiter.decompose as decompose
+
+    # cold compiles: an empty arbiter cache per run (first-step times comparable), and
+    # the decomposition tables built anew (they are kept per process)
+    decompose._BY_NAMES.clear()
+    decompose._CACHE.clear()
+    full = decompose._convolution_backward
+
+    def plain_only(*args):  # as before 2026-11-24: grouped and transposed ones stay whole
+        transposed, groups = args[7], args[9]
+        return NotImplemented if transposed or groups != 1 else full(*args)
+
+    with tempfile.TemporaryDirectory(prefix="arbiter-bench-") as cache, \
+            mock.patch.dict(os.environ, {"ARBITER_CACHE_DIR": cache}):
+        if not split:
+            with mock.patch("arbiter.arbiter.split_dropout", lambda gm: 0), \
+                    mock.patch.dict(decompose.__dict__, {
+                        "_convolution_backward": plain_only}):
+                out = _run(name, config, seq, batch, steps)
+        else:
+            out = _run(name, config, seq, batch, steps)
+    decompose._BY_NAMES.clear()
+    decompose._CACHE.clear()
+    return out
+
+
+def _run(name: str, config: dict, seq: int, batch: int, steps: int) -> dict:
     torch._dynamo.reset()
     model, inputs = load(name, seq, batch)
     model.train()
@@ -111,8 +151,15 @@ def run(name: str, config: dict, seq: int, batch: int) -> dict:
     for p, q in zip(model.parameters(), ref.parameters()):
         if p.grad is not None or q.grad is not None:
             worst = max(worst, (p.grad - q.grad).abs().max().item())
+    times = []
+    for k in range(steps):  # later steps (forward and backward, no optimizer)
+        model.zero_grad()
+        start = time.perf_counter()
+        step(compiled, inputs, k + 1)
+        times.append(time.perf_counter() - start)
     report = be.report(advice=False)
-    row = {"model": name, "first_step_s": first, "max_abs_diff": worst}
+    row = {"model": name, "first_step_s": first, "max_abs_diff": worst,
+           "step_ms": statistics.median(times) * 1e3 if times else None}
     for kind in ("forward", "backward"):
         graphs = [g for g in report.graphs if g.kind == kind]
         parts = [p for g in graphs for p in g.partitions]
@@ -130,6 +177,14 @@ def main() -> int:
     ap.add_argument("--config", default="default")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=0,
+                    help="time this many steps after the first (forward and backward): "
+                         "their median")
+    ap.add_argument("--variants", nargs="+", default=["none", "whole", "split"],
+                    choices=["none", "whole", "split"],
+                    help="none: no ONNX Runtime decompositions; whole: the manifest's, "
+                         "dropout and grouped/transposed convolution_backward left whole "
+                         "(as on 2026-11-23); split: as shipped")
     args = ap.parse_args()
     from arbiter.config import load_config
 
@@ -139,15 +194,21 @@ def main() -> int:
         print(f"uptime: {os.getloadavg()}")
         print("| model | ONNX Runtime decompositions | forward partitions (by backend) | "
               "backward partitions (by backend) | eager nodes fwd/bwd (of) | first step s "
-              "| max abs diff vs eager |")
-        print("|---|---|---|---|---|---:|---:|")
+              "| step ms (median) | max abs diff vs eager |")
+        print("|---|---|---|---|---|---:|---:|---:|")
         for name in args.models:
-            for label, config in (("none (before)", before), ("manifest's (after)", base)):
-                r = run(name, config, args.seq, args.batch)
+            for variant, label, config, split in (
+                    ("none", "none", before, False),
+                    ("whole", "manifest's, 2026-11-23 (dropout whole)", base, False),
+                    ("split", "manifest's, dropout split", base, True)):
+                if variant not in args.variants:
+                    continue
+                r = run(name, config, args.seq, args.batch, split, args.steps)
                 f, b = r["forward"], r["backward"]
+                step_ms = "-" if r["step_ms"] is None else f"{r['step_ms']:.0f}"
                 print(f"| {name} | {label} | {f[0]} {f[1]} | {b[0]} {b[1]} | "
                       f"{f[2]}/{b[2]} (of {f[3]}/{b[3]}) | {r['first_step_s']:.1f} | "
-                      f"{r['max_abs_diff']:.2e} |", flush=True)
+                      f"{step_ms} | {r['max_abs_diff']:.2e} |", flush=True)
         print(f"uptime: {os.getloadavg()}")
     return 0
 

@@ -142,16 +142,48 @@ def test_convolution_backward_decomposition_equals_aten(nd, stride, padding, dil
                 torch.testing.assert_close(b, a)
 
 
-def test_grouped_convolution_backward_is_not_decomposed(fresh_dynamo):
-    """groups > 1: no decomposition applies; ONNX Runtime refuses the node, saying so."""
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("groups,cin,cout", [(2, 4, 6), (4, 4, 4), (4, 4, 8), (3, 6, 3)])
+@pytest.mark.parametrize("stride,padding,dilation,output_padding",
+                         [(1, 0, 1, 0), (2, 1, 1, 1), (3, 2, 2, 1), (2, 0, 3, 0)])
+def test_grouped_and_transposed_convolution_backward_equals_aten(
+        nd, transposed, groups, cin, cout, stride, padding, dilation, output_padding):
+    """Grouped (depthwise: groups == channels) and transposed convolutions, output
+    padding included, against ATen's kernel."""
+    torch.manual_seed(nd * 1000 + groups * 100 + stride * 10 + dilation)
+    op = output_padding if transposed else 0
+    x = torch.randn(2, cin, *[7 + k for k in range(nd)], dtype=torch.float64)
+    shape = (cin, cout // groups) if transposed else (cout, cin // groups)
+    w = torch.randn(*shape, *[3] * nd, dtype=torch.float64)
+    args = ([stride] * nd, [padding] * nd, [dilation] * nd, transposed, [op] * nd, groups)
+    out = torch.ops.aten.convolution(x, w, None, *args)
+    g = torch.randn_like(out)
+    for mask in ([True, True, True], [True, False, False], [False, True, False]):
+        want = torch.ops.aten.convolution_backward(g, x, w, [out.shape[1]], *args, mask)
+        got = _convolution_backward(g, x, w, [out.shape[1]], *args, mask)
+        for a, b in zip(want, got):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(b, a)
+
+
+def test_grouped_and_transposed_convolution_training_on_onnx_runtime(fresh_dynamo):
+    """Grouped, depthwise and transposed convolutions (stride, padding, output padding,
+    dilation): their backward is one ONNX Runtime partition (grouped and transposed
+    ``convolution_backward`` stayed whole in eager before), gradients eager's."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    model = nn.Sequential(
+        nn.Conv2d(4, 8, 3, groups=2), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8, padding=1),
+        nn.ReLU(), nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1),
+        nn.ReLU(), nn.ConvTranspose2d(6, 6, 3, stride=2, groups=3, dilation=2))
     be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
     _train(model, (torch.randn(2, 4, 9, 9),), be)
     backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
+    assert [(p.backend, bool(p.fallbacks)) for p in backward.partitions] == \
+        [("onnxruntime", False)]
     op = next(o for o in backward.ops if o.op == "aten.convolution_backward.default")
-    assert op.nodes == 2 and op.placed.get("onnxruntime") == 1  # the plain one
-    assert "keeps the op itself" in op.refused["onnxruntime"]
+    assert op.nodes == 4 and op.placed.get("onnxruntime") == 4
 
 
 def test_decompositions_apply_leaves_the_partition_alone():
@@ -282,6 +314,32 @@ def test_flash_attention_decompositions_equal_aten(causal, scale, lengths):
     assert decomposition_table[FLASH](q, k, v, 0.0, causal, scale=scale)[1].shape != lse.shape
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask_shape", [(6, 9), (2, 1, 6, 9), (1, 3, 6, 9), (2, 1, 1, 9)])
+def test_flash_attention_decompositions_with_a_mask_equal_aten(causal, mask_shape):
+    """An additive mask (what SDPA hands the CPU kernel; -inf where a key is masked),
+    broadcast over batch and heads, rows it leaves no key (the kernel's output 0 and
+    logsumexp 0) included: outputs, logsumexp and gradients equal the kernel's."""
+    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
+
+    torch.manual_seed(len(mask_shape) + causal)
+    q = torch.randn(2, 3, 6, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(*mask_shape, dtype=torch.float64)
+    mask = mask.masked_fill(torch.rand(*mask_shape) < 0.3, float("-inf"))
+    if mask_shape[-2] > 1:
+        mask[..., 2, :] = float("-inf")  # a row with no key
+    out, lse = FLASH(q, k, v, 0.0, causal, attn_mask=mask)[:2]
+    got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+    torch.testing.assert_close(got_out, out)
+    torch.testing.assert_close(got_lse, lse)
+    g = torch.randn_like(out)
+    want = FLASH_BW(g, q, k, v, out, lse, 0.0, causal, attn_mask=mask)
+    got = _flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal, attn_mask=mask)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a)
+
+
 def test_probe_checks_the_logsumexp_a_backward_reads():
     """The probe's check of unreturned outputs (what a backward graph reads) on the
     attention op: its logsumexp, computed through ONNX Runtime's decomposition, equals
@@ -313,6 +371,34 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, 32))
 
 
+class MaskedAttention(Attention):
+    """Attention with a padding mask (boolean: SDPA makes it additive for the kernel)."""
+
+    def forward(self, x, keep):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep[:, None, None, :], is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
+    """SDPA with a mask in a training step: forward and backward each one ONNX Runtime
+    partition, no run-time fallback (the op stayed whole before, and its logsumexp output
+    could fail on ONNX Runtime's first run), gradients equal eager's."""
+    torch.manual_seed(0)
+    keep = torch.ones(2, 16, dtype=torch.bool)
+    keep[0, 11:] = False  # padding
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    _train(MaskedAttention(causal), (torch.randn(2, 16, 32), keep), be)
+    report = be.report(advice=False)
+    assert {g.kind for g in report.graphs} == {"forward", "backward"}
+    for g in report.graphs:
+        assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == \
+            [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
     """SDPA in a training step: forward and backward each one ONNX Runtime partition,
@@ -327,22 +413,31 @@ def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
             [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
 
 
-def test_a_declined_decomposition_leaves_the_op_whole(fresh_dynamo):
-    """SDPA with an explicit mask: arbiter's decomposition for ONNX Runtime declines it
-    (it keeps the op itself), so ONNX Runtime is asked about the op as it is and takes it
-    whole, as before it asked for the decomposition (this was refused, and T5's and
-    GPT-2's inference graphs fell into 13 and 25 partitions with attention in eager)."""
+def test_a_declined_decomposition_leaves_the_op_whole(make_backend, tmp_path, fresh_dynamo):
+    """SDPA with grouped heads (fewer key/value heads than query heads): arbiter's
+    decomposition declines it (it keeps the op itself), so a backend that asked for the
+    decomposition is asked about the op as it is and takes it whole by its manifest
+    entry, as before it asked (declined nodes were refused once, and T5's and GPT-2's
+    inference graphs, whose masked attention was declined then, fell into 13 and 25
+    partitions with attention in eager)."""
+    from conftest import write_manifest
+
+    flash = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    make_backend("asks", [flash, "aten.mul.Tensor"])
+    write_manifest(tmp_path, "asks", [flash, "aten.mul.Tensor"],
+                   extra=f"decompositions: [{flash}]\n")
     torch.manual_seed(0)
 
-    def f(q, k, v, mask):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2.0
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True) * 2.0
 
-    q, k, v = (torch.randn(1, 4, 16, 8) for _ in range(3))
-    mask = torch.randn(1, 4, 16, 16)
-    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+    q, k, v = torch.randn(1, 4, 16, 8), torch.randn(1, 2, 16, 8), torch.randn(1, 2, 16, 8)
+    be = arbiter.Arbiter({"backends": ["asks"], "min_block_size": 1})
+    assert list(be.backends["asks"].manifest().decompositions) == [flash]
     with torch.no_grad():
-        out = torch.compile(f, backend=be)(q, k, v, mask)
-    torch.testing.assert_close(out, f(q, k, v, mask), rtol=1e-4, atol=1e-5)
+        out = torch.compile(f, backend=be)(q, k, v)
+    torch.testing.assert_close(out, f(q, k, v), rtol=1e-4, atol=1e-5)
     (g,) = be.report(advice=False).graphs
-    assert [p.backend for p in g.partitions] == ["onnxruntime"], \
+    assert [p.backend for p in g.partitions] == ["asks"], \
         [(p.backend, p.ops) for p in g.partitions]
+    assert flash in g.partitions[0].ops
