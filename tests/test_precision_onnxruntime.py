@@ -18,7 +18,7 @@ from arbiter.backends.onnxruntime import (  # noqa: E402
     OnnxRuntime, OrtOptions, _kernel_types, _variant_support)
 
 #: tolerances each variant meets on these models (measured: MLP fp16 4e-4, int8 7e-3;
-#: transformer block fp16 4e-3, int8 1.4e-2), with room for other inputs
+#: transformer block fp16 ~1e-3, int8 ~2e-2), with room for other inputs
 LOOSE = {"fp16": 2e-2, "int8": 1e-1}
 
 
@@ -28,10 +28,29 @@ def _mlp(seed: int = 0) -> torch.nn.Module:
                                torch.nn.Linear(128, 32)).eval()
 
 
+class Block(torch.nn.Module):
+    """A pre-norm transformer encoder block (attention through SDPA, GELU MLP)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads) \
+            .permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
 def _block(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
-                                            batch_first=True).eval()
+    return Block().eval()
 
 
 MODELS = {"mlp": (_mlp, (16, 64)), "block": (_block, (2, 12, 64))}
@@ -107,7 +126,8 @@ def test_lowered_partition_against_eager(label, which):
     gen = torch.Generator().manual_seed(7)
     for _ in range(2):  # inputs the models were not built with
         x = torch.randn(*shape, generator=gen)
-        (want,) = gm(x)
+        with torch.no_grad():
+            (want,) = gm(x)
         (got,), (exact,) = low(x), f32(x)
         assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
         err = float((got - want).abs().max())
