@@ -26,6 +26,7 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from arbiter.cache import served
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
@@ -219,10 +220,17 @@ class OnnxRuntime(ExactNonfinite, Backend):
             # through the cache); the lowered model is this variant's (its key holds the
             # options, so a float32 compile is never served a lowered model)
             f32 = self._float32()
-            model_bytes = self.cached_artifact(
-                gm, key_inputs, lambda: lower_precision(
-                    f32.cached_artifact(gm, key_inputs, export, kind=kind), self.options),
-                kind=f"{kind}-{precision}")
+
+            def lowered() -> bytes:
+                # A piece evicts the entries its compile was served when its result fails
+                # to verify; a lowered model outside the tolerance says nothing against
+                # the float32 export, so that one is looked up outside the piece's record
+                with served():
+                    source = f32.cached_artifact(gm, key_inputs, export, kind=kind)
+                return lower_precision(source, self.options)
+
+            model_bytes = self.cached_artifact(gm, key_inputs, lowered,
+                                               kind=f"{kind}-{precision}")
         sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm),

@@ -249,3 +249,19 @@ def test_float32_after_fp16_gets_float32(fresh_dynamo, tmp_path):
         (got,) = b.compile(gm, [x])(x)
         keyed.append(float((got - gm(x)[0]).abs().max()))
     assert keyed[0] < 1e-5 and keyed[1] > 1e-5 and keyed[2] < 1e-5
+
+
+def test_refused_variant_keeps_the_float32_export_cached(fresh_dynamo, tmp_path, caplog):
+    """A lowered model outside the tolerance is no sign that the float32 export it was
+    made from is bad: that cache entry stays (a piece evicts what its compile was served
+    when its result fails to verify)."""
+    _needs("int8")
+    from arbiter.cache import entries
+
+    be = arbiter.Arbiter(_ort({"min_block_size": 1, "cache": {"dir": str(tmp_path)},
+                               "accuracy": {"atol": 1e-6}}, ["int8"]))
+    assert _run(be, _mlp(7), (16, 64), calls=1) < 1e-5
+    assert "priority with onnxruntime:int8" in _graph(be).accuracy.rejected
+    kinds = [e.kind for e in entries(tmp_path)]
+    assert kinds.count("onnx") == 1 and "onnx-int8" in kinds
+    assert not [r for r in caplog.records if "removing onnx entry" in r.getMessage()]
