@@ -99,8 +99,8 @@ class OrtOptions(BaseModel):
         None, description="the lower-precision variants offered under `accuracy:`. None: "
         "those the providers compute natively (int8 where they have MatMulInteger; fp16 "
         "only where they have a float16 MatMul or Gemm kernel: not ONNX Runtime's x86 CPU "
-        "provider, where float16 runs float32 kernels between casts and was 1.6-2.2x "
-        "slower); a list: those, where this onnxruntime can build them")
+        "provider, where float16 runs float32 kernels between casts: 1.03x float32 on "
+        "BERT-base, 0.6x on a small transformer layer); a list: those, where this onnxruntime can build them")
     int8_per_channel: bool = Field(
         True, description="int8: one quantization scale per output channel of each "
         "weight (quantize_dynamic's per_channel) rather than one per tensor")
