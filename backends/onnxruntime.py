@@ -26,6 +26,7 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from arbiter.cache import served
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
@@ -85,6 +86,24 @@ class OrtOptions(BaseModel):
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32", description="what the exported model computes in. fp32 (default): the "
+        "graph's own dtypes, eager-equal. fp16: the model converted to float16, inputs and "
+        "outputs kept float32, ops the providers have no float16 kernel for kept float32 "
+        "(onnxruntime.transformers.float16). int8: dynamic quantization of MatMul/Gemm "
+        "weights to int8 (onnxruntime.quantization.quantize_dynamic); needs frozen "
+        "weights (ONNX initializers), else the compile refuses. Neither is eager-equal: "
+        "they are offered as lower-precision variants under `accuracy:` "
+        "(docs/precision.md), where they are verified against float32 eager")
+    variants: Optional[list[Literal["fp16", "int8"]]] = Field(
+        None, description="the lower-precision variants offered under `accuracy:`. None: "
+        "those the providers compute natively (int8 where they have MatMulInteger; fp16 "
+        "only where they have a float16 MatMul or Gemm kernel: not ONNX Runtime's x86 CPU "
+        "provider, where float16 runs float32 kernels between casts: 1.03x float32 on "
+        "BERT-base, 0.6x on a small transformer layer); a list: those, where this onnxruntime can build them")
+    int8_per_channel: bool = Field(
+        True, description="int8: one quantization scale per output channel of each "
+        "weight (quantize_dynamic's per_channel) rather than one per tensor")
 
 
 def _batch_norm_training(node) -> Optional[str]:
@@ -149,6 +168,27 @@ class OnnxRuntime(ExactNonfinite, Backend):
                            f"onnxruntime build (has {', '.join(onnxruntime.get_available_providers())})")
         return True, ""
 
+    def precision_variants(self) -> dict:
+        """``fp16`` and ``int8`` (option ``precision``) where this onnxruntime builds them
+        and, unless the option ``variants`` lists them, where the providers compute them
+        natively (``_variant_support``); none when the config's precision is not fp32."""
+        if self.options.precision != "fp32":
+            return {}
+        offered = {}
+        for label in ("fp16", "int8"):
+            if self.options.variants is not None and label not in self.options.variants:
+                continue
+            why = _variant_support(label, self.options.providers,
+                                   native=self.options.variants is None)
+            if why:
+                if self.options.variants is not None:
+                    log.warning("onnxruntime: variant %s is not offered: %s", label, why)
+                else:
+                    log.info("onnxruntime: variant %s is not offered: %s", label, why)
+                continue
+            offered[label] = {"precision": label}
+        return offered
+
     def version(self) -> str:
         import onnxruntime
         import onnxscript
@@ -164,14 +204,44 @@ class OnnxRuntime(ExactNonfinite, Backend):
         # the persistent cache keeps; session creation from bytes is cheap. A symbolic
         # artifact's key also holds the symbols' ranges.
         key_inputs = [range_key(gm)] if dynamic else list(args)
-        model_bytes = self.cached_artifact(
-            gm, key_inputs, lambda: export_onnx(gm, args, optimize=self.options.optimize_export,
-                                                dynamic=dynamic).SerializeToString(),
-            kind="onnx-dynamic" if dynamic else "onnx")
+        kind = "onnx-dynamic" if dynamic else "onnx"
+
+        def export() -> bytes:
+            return export_onnx(gm, args, optimize=self.options.optimize_export,
+                               dynamic=dynamic).SerializeToString()
+
+        precision = self.options.precision
+        if precision == "int8" and not any(n.op == "get_attr" for n in gm.graph.nodes):
+            raise RuntimeError(_NO_CONSTANT_WEIGHTS.format(what="partition has no constants"))
+        if precision == "fp32":
+            model_bytes = self.cached_artifact(gm, key_inputs, export, kind=kind)
+        else:
+            # the float32 export is the float32 backend's own artifact (same key: shared
+            # through the cache); the lowered model is this variant's (its key holds the
+            # options, so a float32 compile is never served a lowered model)
+            f32 = self._float32()
+
+            def lowered() -> bytes:
+                # A piece evicts the entries its compile was served when its result fails
+                # to verify; a lowered model outside the tolerance says nothing against
+                # the float32 export, so that one is looked up outside the piece's record
+                with served():
+                    source = f32.cached_artifact(gm, key_inputs, export, kind=kind)
+                return lower_precision(source, self.options)
+
+            model_bytes = self.cached_artifact(gm, key_inputs, lowered,
+                                               kind=f"{kind}-{precision}")
         sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm),
                          input_values(gm) if dynamic else None)
+
+    def _float32(self) -> "OnnxRuntime":
+        """This backend at fp32, named and cached as the config's own (its export)."""
+        f32 = type(self)(self.options.model_copy(update={"precision": "fp32"}))
+        f32.name = self.base_name or type(self).name
+        f32.artifact_cache = self.artifact_cache
+        return f32
 
     # -- threads, spinning, arena (arbiter/run/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
@@ -360,6 +430,146 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
         program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
                                     verbose=False, report=False)
     return program.model_proto
+
+
+# -- lower precision (docs/precision.md) ------------------------------------------------
+#: ONNX ops whose float16 kernels make a float16 model worth running (the heavy ones)
+_FP16_COMPUTE = ("MatMul", "Gemm")
+#: ONNX ops dynamic int8 quantization turns MatMul/Gemm into
+_INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul")
+
+
+def _kernel_types(providers: list[str]) -> dict[str, set[str]]:
+    """{op type: tensor types} of the kernels the providers register (default ONNX and
+    com.microsoft domains), from onnxruntime's own kernel registry."""
+    from onnxruntime.capi import _pybind_state as C
+
+    out: dict[str, set[str]] = {}
+    for d in C.get_all_opkernel_def():
+        if d.provider in providers:
+            types = out.setdefault(d.op_name, set())
+            for allowed in d.type_constraints.values():
+                types.update(allowed)
+    return out
+
+
+def _fp16_converter():
+    """onnxruntime's float16 converter, else onnxconverter-common's; None without both."""
+    try:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+        return convert_float_to_float16
+    except ImportError:
+        pass
+    try:
+        from onnxconverter_common.float16 import convert_float_to_float16
+        return convert_float_to_float16
+    except ImportError:
+        return None
+
+
+def _variant_support(label: str, providers: list[str], native: bool = True) -> str:
+    """Why variant ``label`` cannot be offered with these providers ("" when it can);
+    ``native``: also require the providers' kernels to compute it (see OrtOptions)."""
+    try:
+        kernels = _kernel_types(providers)
+    except Exception as exc:  # noqa: BLE001 - an onnxruntime without the registry
+        return f"onnxruntime's kernel registry is not readable ({type(exc).__name__})"
+    if label == "fp16":
+        if _fp16_converter() is None:
+            return ("no float16 converter (onnxruntime.transformers.float16 or "
+                    "onnxconverter-common)")
+        if native and not any("tensor(float16)" in kernels.get(op, ())
+                              for op in _FP16_COMPUTE):
+            return (f"providers {', '.join(providers)} have no float16 MatMul or Gemm "
+                    "kernel (float16 would run float32 kernels between casts: slower)")
+        return ""
+    try:
+        import onnxruntime.quantization  # noqa: F401
+    except ImportError as exc:
+        return f"onnxruntime.quantization is not importable ({exc})"
+    if not any(op in kernels for op in _INT8_OPS):
+        return f"providers {', '.join(providers)} have no MatMulInteger kernel"
+    return ""
+
+
+def lower_precision(model_bytes: bytes, options: OrtOptions) -> bytes:
+    """A float32 ONNX model (bytes) at ``options.precision`` (fp16 or int8), inputs and
+    outputs unchanged; RuntimeError when there is nothing to lower (int8 without constant
+    MatMul/Gemm weights)."""
+    import onnx
+
+    model = onnx.ModelProto.FromString(model_bytes)
+    if options.precision == "fp16":
+        return _to_fp16(model, options.providers).SerializeToString()
+    if options.precision == "int8":
+        return _to_int8(model, options.int8_per_channel).SerializeToString()
+    raise ValueError(f"precision {options.precision!r}: nothing to lower")
+
+
+def _to_fp16(model, providers: list[str]):
+    """float16 for the ops the providers have a float16 kernel for; other ops, and the
+    converter's own block list, stay float32 between casts (the converter's)."""
+    convert = _fp16_converter()
+    if convert is None:
+        raise RuntimeError("precision fp16: " + _variant_support("fp16", providers, False))
+    kernels = _kernel_types(providers)
+    ops = {n.op_type for n in model.graph.node}
+    block = sorted(op for op in ops if "tensor(float16)" not in kernels.get(op, ()))
+    try:
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+        block = sorted(set(block) | set(DEFAULT_OP_BLOCK_LIST))
+    except ImportError:
+        pass
+    log.debug("fp16: ops kept float32 (no float16 kernel): %s", ", ".join(block))
+    with quiet():
+        return convert(model, keep_io_types=True, op_block_list=block)
+
+
+_NO_CONSTANT_WEIGHTS = (
+    "precision int8: nothing to quantize ({what}): dynamic quantization quantizes "
+    "constant weights only, and this partition's weights are inputs. Weights are "
+    "constants in inference graphs with `freeze_weights: true` (the default)")
+
+
+def _to_int8(model, per_channel: bool):
+    """Dynamic quantization of the MatMul/Gemm nodes whose weights are constants."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    inits = {i.name for i in model.graph.initializer}
+    inits |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    mms = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
+    if not any(len(n.input) > 1 and n.input[1] in inits for n in mms):
+        raise RuntimeError(_NO_CONSTANT_WEIGHTS.format(
+            what=f"none of its {len(mms)} MatMul/Gemm has an initializer as weights"))
+    with tempfile.TemporaryDirectory(prefix="arbiter-int8-") as tmp, quiet(), \
+            _no_root_warnings():
+        out = os.path.join(tmp, "int8.onnx")
+        quantize_dynamic(model, out, op_types_to_quantize=["MatMul", "Gemm"],
+                         per_channel=per_channel, weight_type=QuantType.QInt8)
+        quantized = onnx.load(out)
+    if not any(n.op_type in _INT8_OPS for n in quantized.graph.node):
+        raise RuntimeError("precision int8: quantize_dynamic quantized no MatMul/Gemm")
+    return quantized
+
+
+@contextlib.contextmanager
+def _no_root_warnings():
+    """onnxruntime.quantization logs its advice ("consider pre-processing") on the root
+    logger: kept out of the user's way while it runs."""
+    root = logging.getLogger()
+
+    def drop(record: logging.LogRecord) -> bool:
+        return "quantization" not in record.pathname
+
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
 
 
 class OrtRunner(Runner):
