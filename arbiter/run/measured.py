@@ -61,6 +61,9 @@ REFINE_MARGIN = 0.03
 MIX_MARGIN = 0.01
 #: Label prefix of the mixed candidate (module boundaries, ``_mix``).
 MIX = "mix: "
+#: Mixing times segments only on backends whose whole graph ran within this factor of
+#: the fastest's (each probe compiles; a backend far behind rarely wins a segment).
+MIX_SPAN = 1.5
 #: One timing sample lasts at least this long (several calls of a fast graph).
 SAMPLE_S = 0.002
 #: At most this many calls make one sample.
@@ -491,10 +494,10 @@ class MeasuredGraph:
         backends = list(dict.fromkeys(
             lab[len(ONLY):] for c in alone for lab in c.labels
             if lab.startswith(ONLY) and lab[len(ONLY):] in self._planner.backends
-            and lab[len(ONLY):] not in inline))
+            and lab[len(ONLY):] not in inline and c.measured_ms <= MIX_SPAN * best.measured_ms))
         if len(backends) < 2:
             log.info("%s: mixing skipped: fewer than two compiled backends ran the graph "
-                     "alone", self._label)
+                     "alone within %.1fx of the fastest", self._label, MIX_SPAN)
             return
         nodes = [n for n in self._gm.graph.nodes if n.op == "call_function"]
         infos = [_node_info(n) for n in nodes]
@@ -521,7 +524,7 @@ class MeasuredGraph:
         costs = self._time_segments(segs, able, backends, by_name, args, start, per_part)
         if costs is None:
             return
-        single, pair = costs
+        single, pair, compile_s = costs
         if log.isEnabledFor(logging.DEBUG):
             first: dict = {}
             for s in segs:
@@ -568,6 +571,10 @@ class MeasuredGraph:
         if len({b for b in path if b}) < 2:
             log.info("%s: mixing: the DP keeps one backend; no mixed candidate", self._label)
             return
+        if alone_ms and total > min(alone_ms.values()) * (1 - MIX_MARGIN):
+            log.info("%s: mixing: the DP's placement is predicted less than %.0f%% faster "
+                     "than one backend throughout; not built", self._label, MIX_MARGIN * 100)
+            return
         steer = {name: b for s, b in zip(segs, path) if b for name in s.nodes}
         plan = self._steered_plan(steer)
         if plan_key(plan) in {plan_key(c.plan) for c in self.candidates}:
@@ -575,8 +582,14 @@ class MeasuredGraph:
                      self._label)
             return
         elapsed = time.perf_counter() - start
-        if elapsed > opts.time_budget_s:
-            log.info("%s: measure budget spent before the mixed candidate", self._label)
+        # its compile, predicted from the probes' (per segment, by backend): a compile
+        # under way is never interrupted, so one that would overrun the budget is not begun
+        need = sum(compile_s.get(b, 0.0) for b in path)
+        if elapsed + need > opts.time_budget_s:
+            log.info("%s: mixing: compiling the mixed placement (%d partitions, about %.0f s "
+                     "by the probes' compiles) would overrun the measure budget (%.0f s "
+                     "spent of %.0f)", self._label, len(plan.partitions), need, elapsed,
+                     opts.time_budget_s)
             return
         cand = Candidate(f"{MIX}{_summary(segs, path)}", plan, plan_ms(plan, inline),
                          steer=steer)
@@ -598,72 +611,74 @@ class MeasuredGraph:
         (``segments.probe_layouts``): a plan whose instances are partitions of their own on
         that backend and whose other nodes run in eager; built, warmed up, then all probes
         timed in interleaved rounds (each piece's own time, ``Piece.timed``). Returns
-        ({(segment kind, backend): ms}, {(pair kind, backend): ms}) of the instances whose
-        backend compiled them (a piece that fell back measures nothing), or None when not
-        one backend was measured."""
+        ({(segment kind, backend): ms}, {(pair kind, backend): ms}, {backend: mean compile
+        s per segment}) of the instances whose backend compiled them (a piece
+        that fell back measures nothing), or None when not one backend was measured."""
         opts = self._opts
         layouts = probe_layouts(segs)
         base = self.candidates[0].plan
         fallback = self._planner.fallback_name
         probes = []  # (fn, [(piece, what)])
-        for b in backends:
-            for k, layout in enumerate(layouts):
-                elapsed = time.perf_counter() - start
-                if elapsed > opts.time_budget_s:
-                    log.info("%s: measure budget spent while timing segments (%s left)",
-                             self._label, b)
-                    break
-                mine = [inst for inst in layout if all(b in able[i] for i in inst)]
-                if not mine:
+        # layout by layout (the first holds every kind alone), each on every backend:
+        # when the budget runs out, the pairs left unmeasured count as saving nothing
+        for k, b in [(k, b) for k in range(len(layouts)) for b in backends]:
+            layout = layouts[k]
+            elapsed = time.perf_counter() - start
+            if elapsed > opts.time_budget_s:
+                log.info("%s: measure budget spent while timing segments (probes %d/%d "
+                         "on %s and after left)", self._label, k + 1, len(layouts), b)
+                break
+            mine = [inst for inst in layout if all(b in able[i] for i in inst)]
+            if not mine:
+                continue
+            self._progress(f"{self._label}: mixing: compiling segment probes {k + 1}/"
+                           f"{len(layouts)} on {b} ({len(mine)} instances), "
+                           f"{elapsed:.1f} s", elapsed)
+            at = {inst[0]: inst for inst in mine}
+            inst_of: dict = {}  # a probe partition's node names -> its instance
+            parts: list[Partition] = []
+            rest: list = []
+            i = 0
+            while i < len(segs):
+                inst = at.get(i)
+                if inst is None:
+                    rest += [by_name[x] for x in segs[i].nodes]
+                    i += 1
                     continue
-                self._progress(f"{self._label}: mixing: compiling segment probes {k + 1}/"
-                               f"{len(layouts)} on {b} ({len(mine)} instances), "
-                               f"{elapsed:.1f} s", elapsed)
-                at = {inst[0]: inst for inst in mine}
-                inst_of: dict = {}  # a probe partition's node names -> its instance
-                parts: list[Partition] = []
-                rest: list = []
-                i = 0
-                while i < len(segs):
-                    inst = at.get(i)
-                    if inst is None:
-                        rest += [by_name[x] for x in segs[i].nodes]
-                        i += 1
-                        continue
-                    if rest:
-                        parts.append(Partition(len(parts), fallback, rest))
-                        rest = []
-                    members = [by_name[x] for j in inst for x in segs[j].nodes]
-                    parts.append(Partition(len(parts), b, members))
-                    inst_of[tuple(n.name for n in members)] = inst
-                    i += len(inst)
                 if rest:
                     parts.append(Partition(len(parts), fallback, rest))
-                plan = Plan(self._gm, parts, base.support, base.fallback, base.patterns)
-                probe = Candidate(f"mix probe {k + 1} on {b}", plan, 0.0)
-                try:
-                    fn, _ = self._build(probe)
-                    for _ in range(max(1, self._opts.warmup)):
-                        fn(*args)
-                except Exception as exc:  # noqa: BLE001 - a probe is never the answer
-                    log.info("%s: mixing: %s failed: %s: %s", self._label, probe.label,
-                             type(exc).__name__, exc)
+                    rest = []
+                members = [by_name[x] for j in inst for x in segs[j].nodes]
+                parts.append(Partition(len(parts), b, members))
+                inst_of[tuple(n.name for n in members)] = inst
+                i += len(inst)
+            if rest:
+                parts.append(Partition(len(parts), fallback, rest))
+            plan = Plan(self._gm, parts, base.support, base.fallback, base.patterns)
+            probe = Candidate(f"mix probe {k + 1} on {b}", plan, 0.0)
+            try:
+                fn, _ = self._build(probe)
+                for _ in range(max(1, self._opts.warmup)):
+                    fn(*args)
+            except Exception as exc:  # noqa: BLE001 - a probe is never the answer
+                log.info("%s: mixing: %s failed: %s: %s", self._label, probe.label,
+                         type(exc).__name__, exc)
+                continue
+            timed = []
+            for piece in _pieces(fn):
+                inst = inst_of.get(getattr(piece, "node_names", None))
+                if inst is None:
                     continue
-                timed = []
-                for piece in _pieces(fn):
-                    inst = inst_of.get(getattr(piece, "node_names", None))
-                    if inst is None:
-                        continue
-                    if piece.record.backend != b:
-                        log.info("%s: mixing: %s did not take segment %d (%s) whole; it "
-                                 "fell back to %s", self._label, b, inst[0],
-                                 segs[inst[0]].path, piece.record.backend)
-                        continue
-                    what = (segs[inst[0]].kind if len(inst) == 1
-                            else pair_kind(segs, inst[0]))
-                    timed.append((piece, (len(inst), what, b)))
-                if timed:
-                    probes.append((fn, timed))
+                if piece.record.backend != b:
+                    log.info("%s: mixing: %s did not take segment %d (%s) whole; it "
+                             "fell back to %s", self._label, b, inst[0],
+                             segs[inst[0]].path, piece.record.backend)
+                    continue
+                what = (segs[inst[0]].kind if len(inst) == 1
+                        else pair_kind(segs, inst[0]))
+                timed.append((piece, (len(inst), what, b)))
+            if timed:
+                probes.append((fn, timed))
         if not probes:
             return None
         samples: dict = {}
@@ -682,6 +697,10 @@ class MeasuredGraph:
                         piece.timed = False
                 for (piece, what), t0 in zip(timed, before):
                     samples.setdefault(what, []).append((piece.record.run_s - t0) * 1e3)
+        compiles: dict = {}
+        for fn, timed in probes:
+            for piece, (size, _, b) in timed:
+                compiles.setdefault(b, []).append(piece.record.compile_s / size)
         single, pair = {}, {}
         for (size, kind, b), xs in samples.items():
             (single if size == 1 else pair)[(kind, b)] = statistics.median(xs)
@@ -689,7 +708,7 @@ class MeasuredGraph:
             for piece, what in timed:
                 per_part[(piece.record.backend, piece.node_names)] = \
                     statistics.median(samples[what])
-        return single, pair
+        return single, pair, {b: statistics.mean(xs) for b, xs in compiles.items()}
 
     def _pick(self, lowered: bool = True) -> Optional[Candidate]:
         """The fastest eligible candidate, measured or else estimated (a lower-precision
