@@ -177,7 +177,11 @@ class MeasuredGraph:
         cache = self._cache
         key = None
         if cache is not None:
-            key = fingerprint(self._gm, args, self._planner.decision_parts(), self._constants)
+            parts = self._planner.decision_parts()
+            if getattr(self._opts, "mix", False):
+                # mixing adds a candidate: a decision made without it is made again
+                parts = {**parts, "mix": self._opts.mix_max_segments}
+            key = fingerprint(self._gm, args, parts, self._constants)
             hit = cache.get_json("decision", key)
             applied = self._apply(hit, args)
             if applied:
@@ -218,7 +222,15 @@ class MeasuredGraph:
         with torch.random.fork_rng(devices=[]):
             self._measure_candidates(order, args, start, per_part, opts)
             if getattr(opts, "mix", False):
-                self._mix(args, start, per_part)
+                try:
+                    self._mix(args, start, per_part)
+                except Exception as exc:  # noqa: BLE001 - the whole-graph choice stands
+                    log.warning("%s: mixing at module boundaries failed (%s: %s); choosing "
+                                "among the other candidates", self._label,
+                                type(exc).__name__, exc, exc_info=True)
+                    for c in self.candidates:  # never chosen by its estimate alone
+                        if c.label.startswith(MIX) and c.measured_ms is None:
+                            c.eligible = False
             if opts.refine:
                 self._refine(args, start, per_part)
         log.info("%s: measured %s", self._label, ", ".join(
@@ -785,8 +797,8 @@ def _node_info(node: torch.fx.Node) -> NodeInfo:
             else stack
     vals = node.meta.get("val")
     vals = vals if isinstance(vals, (tuple, list)) else (vals,)
-    outs = tuple((tuple(v.shape), str(v.dtype)) if isinstance(v, torch.Tensor) else type(v).__name__
-                 for v in vals)
+    outs = tuple((tuple(str(d) for d in v.shape), str(v.dtype))  # str: SymInts do not hash
+                 if isinstance(v, torch.Tensor) else type(v).__name__ for v in vals)
     consts = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: "%")
     signature = (op_name(node.target), outs, repr(consts))
     inputs = tuple(n.name for n in node.all_input_nodes)
