@@ -332,6 +332,29 @@ def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, m
     assert out.rounds == 7 and out.confident is False
 
 
+def test_rounds_past_the_minimum_time_only_the_undecided(slow_fast, tmp_path, monkeypatch,
+                                                        fresh_dynamo):
+    """After `repeats` rounds, a candidate apart from the fastest is not timed again while
+    the close ones go on (it would spend the budget and cannot change the ranking)."""
+    from arbiter.run.measured import MeasuredGraph
+
+    order: list[str] = []
+
+    def sample(cand, fn, inner, args):
+        order.append(cand.label)
+        fn(*args)
+        return {"only eager": 5.0}.get(cand.label, 1.0)  # the two compiled ones tie
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False, repeats=3, max_repeats=7))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    assert out.rounds == 7 and out.confident is False
+    assert order.count("only eager") == 3
+    assert order.count("only fast") == 7 and order.count("priority") == 7
+    assert out.candidates_ms["only eager"] == 5.0
+
+
 @pytest.mark.parametrize("patience", [1, 2, 0])
 def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_path,
                                                                 monkeypatch, fresh_dynamo,
@@ -363,7 +386,7 @@ def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_p
 # sleeps in every call for each sigmoid its partition holds, `tanh_slow` for each tanh: each
 # backend alone sleeps three times a call; Gate on tanh_slow and Squash on sig_slow, never.
 MIX_OPS = ["aten.sigmoid.default", "aten.tanh.default", "aten.mul.Tensor", "aten.add.Tensor"]
-MIX_SLEEP_S = 0.003
+MIX_SLEEP_S = 0.01
 
 
 class Gate(torch.nn.Module):
@@ -415,7 +438,7 @@ def mixers(make_backend):
 
 
 def _slow_eager(monkeypatch):
-    """Eager alone sleeps 30 ms a call while timed: on these tiny graphs it would beat any
+    """Eager alone sleeps 100 ms a call while timed: on these tiny graphs it would beat any
     compiled placement (the comparison here is between the compiled ones)."""
     from arbiter.run.measured import MeasuredGraph
 
@@ -426,7 +449,7 @@ def _slow_eager(monkeypatch):
             run = fn
 
             def fn(*a):
-                time.sleep(0.03)
+                time.sleep(0.1)
                 return run(*a)
         return real(cand, fn, inner, args)
 
@@ -471,7 +494,7 @@ def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
     assert mixed is not None and out.spread_ms[out.chosen]
     assert mixed < out.candidates_ms["only sig_slow"] and \
         mixed < out.candidates_ms["only tanh_slow"]
-    assert mixed < 3 * MIX_SLEEP_S * 1e3  # each alone sleeps 3 x 3 ms a call
+    assert mixed < 3 * MIX_SLEEP_S * 1e3  # each alone sleeps 3 x 10 ms a call
     # another process-like Arbiter replays the mixed decision from the cache, timing nothing
     torch._dynamo.reset()
     monkeypatch.setattr(MeasuredGraph, "_measure", lambda *a: pytest.fail("timed again"))
