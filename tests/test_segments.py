@@ -73,6 +73,23 @@ def test_segments_cut_at_the_modules_of_a_depth_and_repeated_blocks_share_a_kind
         segment(nodes, 0)
 
 
+def test_runs_smaller_than_min_nodes_join_their_neighbour():
+    nodes = _model(2)
+    # at depth 4 each attention has 4 nodes, each MLP 2: with min_nodes 3 the MLPs join
+    segs = segment(nodes, 4, min_nodes=3)
+    assert [s.path for s in segs] == ["m.emb", "m.enc.layer.0.attn", "m.enc.layer.1.attn"]
+    assert segs[1].nodes == ("q0", "sm0", "o0", "v0", "up0", "dn0")
+    assert [n for s in segs for n in s.nodes] == [n.name for n in nodes]
+    assert segs[1].kind != segment(nodes, 4)[1].kind  # the merged run is its own kind
+    # a small first run joins the next one
+    first = segment(nodes[1:], 4, min_nodes=3)  # embeddings: gather, norm, mask (3 nodes)
+    assert first[0].path == "m.emb" and len(first) == 3
+    small = segment(nodes[2:], 4, min_nodes=3)  # embeddings now 2 nodes: into layer 0
+    assert small[0].nodes[:2] == ("norm", "mask") and small[0].path == "m.enc.layer.0.attn"
+    assert choose_depth(nodes, 48, min_nodes=3) == 5
+    assert len(segment(nodes, 5, min_nodes=3)) == 3
+
+
 def test_a_different_shape_or_wiring_is_another_kind():
     nodes = _model(2)
     wider = [NodeInfo(n.name, n.stack, ("addmm", (1, 64)) if n.name == "up1" else n.signature,

@@ -10,7 +10,8 @@ here runs a tensor, so everything is unit-tested with made-up costs
   module at ``depth`` of the module tree (a module with nothing below ``depth`` is one
   unit whatever its own depth: BERT's embeddings at the depth of its layers' attention).
   Nodes of no module at that depth (top-level code, a ``getitem``) join the segment before
-  them (the first segment, when they come first). Repeated blocks (the same module class,
+  them (the first segment, when they come first), and so do runs of fewer than
+  ``min_nodes`` nodes. Repeated blocks (the same module class,
   ops, shapes and wiring) get the same ``kind``: they are measured once.
 * ``choose_depth(nodes, max_segments)``: the deepest depth giving at least two and at
   most ``max_segments`` segments.
@@ -67,9 +68,11 @@ def _units(nodes: Sequence[NodeInfo], depth: int) -> list[Optional[tuple[str, st
     return out
 
 
-def segment(nodes: Sequence[NodeInfo], depth: int) -> list[Segment]:
+def segment(nodes: Sequence[NodeInfo], depth: int, min_nodes: int = 1) -> list[Segment]:
     """The maximal runs of ``nodes`` (graph order) in the same module at ``depth``; see the
-    module docstring."""
+    module docstring. A run of fewer than ``min_nodes`` nodes (a ReLU module between two
+    blocks) joins the segment before it (the one after, when it comes first): a partition
+    that small costs more in calls than any backend could save on it."""
     if depth < 1:
         raise ValueError(f"segment depth must be at least 1, got {depth}")
     runs: list[tuple[Optional[tuple[str, str]], list[NodeInfo]]] = []
@@ -84,6 +87,15 @@ def segment(nodes: Sequence[NodeInfo], depth: int) -> list[Segment]:
             runs[0] = (unit, runs[0][1] + [n])  # the leading glue joins the first module
             continue
         runs.append((unit, [n]))
+    merged: list = []
+    for unit, members in runs:
+        if merged and len(members) < min_nodes:
+            merged[-1][1].extend(members)
+        elif merged and len(merged[-1][1]) < min_nodes and len(merged) == 1:
+            merged[0] = (unit, merged[0][1] + members)  # a small first run joins the next
+        else:
+            merged.append((unit, list(members)))
+    runs = merged
     out = []
     for i, (unit, members) in enumerate(runs):
         path, cls = unit if unit is not None else ("", "")
@@ -105,12 +117,14 @@ def _shape_of(members: Sequence[NodeInfo]) -> tuple:
     return tuple(out)
 
 
-def choose_depth(nodes: Sequence[NodeInfo], max_segments: int) -> Optional[int]:
-    """The deepest module depth cutting ``nodes`` into 2 to ``max_segments`` segments;
-    None when no depth does (no module structure, or too fine everywhere)."""
+def choose_depth(nodes: Sequence[NodeInfo], max_segments: int,
+                 min_nodes: int = 1) -> Optional[int]:
+    """The deepest module depth cutting ``nodes`` into 2 to ``max_segments`` segments (of
+    at least ``min_nodes`` nodes, ``segment``); None when no depth does (no module
+    structure, or too fine everywhere)."""
     top = max((len(n.stack) for n in nodes), default=0)
     for depth in range(top, 0, -1):
-        if 2 <= len(segment(nodes, depth)) <= max_segments:
+        if 2 <= len(segment(nodes, depth, min_nodes)) <= max_segments:
             return depth
     return None
 

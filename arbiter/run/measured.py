@@ -531,12 +531,14 @@ class MeasuredGraph:
             return
         nodes = [n for n in self._gm.graph.nodes if n.op == "call_function"]
         infos = [_node_info(n) for n in nodes]
-        depth = choose_depth(infos, opts.mix_max_segments)
+        # a segment is at least min_block_size nodes, as a partition is
+        small = max(1, self._planner.min_block_size)
+        depth = choose_depth(infos, opts.mix_max_segments, small)
         if depth is None:
             log.info("%s: mixing skipped: no module depth cuts the graph into 2 to %d "
                      "segments (measure.mix_max_segments)", self._label, opts.mix_max_segments)
             return
-        segs = segment(infos, depth)
+        segs = segment(infos, depth, small)
         seg_of = {name: s.index for s in segs for name in s.nodes}
         by_name = {n.name: n for n in nodes}
         split = [n.name for n in nodes if is_getitem(n)
