@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0
 #: A refinement step is kept only when it beats the best so far by more than this.
 REFINE_MARGIN = 0.03
+#: From the third timing round, a candidate whose fastest sample is this many times the
+#: fastest candidate's slowest is not timed again.
+FAR_BEHIND = 1.5
 #: The mixed candidate is kept only when it beats the best so far by more than this.
 MIX_MARGIN = 0.01
 #: Label prefix of the mixed candidate (module boundaries, ``_mix``).
@@ -299,11 +302,13 @@ class MeasuredGraph:
         for r in range(max(opts.repeats, opts.max_repeats)):
             if r >= opts.repeats and (not confident_stop or self._separated(cands)):
                 break
-            if r >= opts.repeats:
-                # the rounds past `repeats` only time what is still undecided: a candidate
-                # apart from (slower than) the fastest cannot change the ranking, and
-                # timing it again would spend the budget (eager at 5x on BERT-base)
-                timing = self._undecided(cands)
+            if confident_stop and r >= 2:
+                # only what is still undecided is timed again: from the third round a
+                # candidate whose fastest sample is FAR_BEHIND times the fastest's slowest,
+                # and past `repeats` one apart from the fastest (quartiles), cannot change
+                # the ranking, and timing it again would spend the budget (eager and
+                # Inductor at 4-6x on BERT-base under load: 15 rounds, the whole budget)
+                timing = self._undecided(cands, apart=r >= opts.repeats)
             shift = r % len(timing)
             for cand in timing[shift:] + timing[:shift]:
                 fn, pieces, inner = self._ready[cand.label]
@@ -334,17 +339,25 @@ class MeasuredGraph:
             fn(*args)
         return (time.perf_counter() - t0) * 1e3 / inner
 
-    def _undecided(self, cands: list[Candidate]) -> list[Candidate]:
-        """The fastest candidate by median and those whose lower quartile is not above
-        its upper quartile (in ``cands`` order)."""
-        stats = {c.label: (statistics.median(xs), _quartiles(xs)) for c in cands
-                 if len(xs := self._samples[c.label]) >= 2}
-        if len(stats) < 2:
+    def _undecided(self, cands: list[Candidate], apart: bool) -> list[Candidate]:
+        """The fastest candidate by median and the others still in the race (``cands``
+        order): not FAR_BEHIND (fastest sample over FAR_BEHIND times the fastest one's
+        slowest) and, with ``apart``, with a lower quartile not above its upper one."""
+        samples = {c.label: self._samples[c.label] for c in cands
+                   if len(self._samples[c.label]) >= 2}
+        if len(samples) < 2:
             return cands
-        best = min(stats, key=lambda k: stats[k][0])
-        best_hi = stats[best][1][1]
-        return [c for c in cands if c.label not in stats or c.label == best
-                or stats[c.label][1][0] <= best_hi]
+        best = min(samples, key=lambda k: statistics.median(samples[k]))
+        best_hi = _quartiles(samples[best])[1]
+        worst = max(samples[best])
+
+        def live(c: Candidate) -> bool:
+            xs = samples.get(c.label)
+            if xs is None or c.label == best:
+                return True
+            return min(xs) <= FAR_BEHIND * worst and (not apart or _quartiles(xs)[0] <= best_hi)
+
+        return [c for c in cands if live(c)]
 
     def _separated(self, cands: list[Candidate]) -> bool:
         """Whether the fastest candidate's samples are clearly apart from every other's:
