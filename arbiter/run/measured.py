@@ -14,7 +14,9 @@ and on its first call:
    compiles), then ``repeats`` timed calls, the median counts. End-to-end timing counts
    boundary costs for free. Pieces are shared between candidates by (chain, nodes), so a
    partition common to two candidates compiles once, and the winner's pieces are already
-   compiled when it is installed;
+   compiled when it is installed. Then (``measure.mix``) a mixed candidate cut at module
+   boundaries, a backend per segment chosen by a dynamic program over measured segment
+   costs (``_mix``, ``plan/segments.py``), and refinement (``_refine``);
 3. stops starting new work once ``time_budget_s`` is spent (a compile under way is not
    interrupted); candidates left unmeasured are ranked by their cost estimate scaled to
    the measured ones (median measured/estimate ratio). The priority candidate is always
@@ -497,7 +499,8 @@ class MeasuredGraph:
 
     def _beats(self, cand: Candidate, best: Candidate, args: list, start: float,
                per_part: dict, margin: float = REFINE_MARGIN) -> bool:
-        """Whether a refinement step beats the best so far by more than REFINE_MARGIN, in
+        """Whether a refinement step (or the mixed candidate) beats the best so far by
+        more than ``margin`` (REFINE_MARGIN; MIX_MARGIN for the mixed one), in
         its first interleaved timing and again when both are timed once more: a
         challenger must win twice. On graphs of microseconds one timing's noise exceeds
         the margin (a test backend's graph moved one op to eager on noise alone in 5 of 12
