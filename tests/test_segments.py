@@ -88,6 +88,8 @@ def test_runs_smaller_than_min_nodes_join_their_neighbour():
     assert small[0].nodes[:2] == ("norm", "mask") and small[0].path == "m.enc.layer.0.attn"
     assert choose_depth(nodes, 48, min_nodes=3) == 5
     assert len(segment(nodes, 5, min_nodes=3)) == 3
+    # the depth is judged by the modules' own runs (5 at depths 4 and 5), not the merged
+    assert choose_depth(nodes, 4, min_nodes=3) == 3
 
 
 def test_a_different_shape_or_wiring_is_another_kind():

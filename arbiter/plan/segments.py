@@ -119,12 +119,15 @@ def _shape_of(members: Sequence[NodeInfo]) -> tuple:
 
 def choose_depth(nodes: Sequence[NodeInfo], max_segments: int,
                  min_nodes: int = 1) -> Optional[int]:
-    """The deepest module depth cutting ``nodes`` into 2 to ``max_segments`` segments (of
-    at least ``min_nodes`` nodes, ``segment``); None when no depth does (no module
-    structure, or too fine everywhere)."""
+    """The deepest module depth whose modules cut ``nodes`` into at most ``max_segments``
+    runs, and into at least 2 segments once runs under ``min_nodes`` joined their
+    neighbours (``segment``); None when no depth does (no module structure, or too fine
+    everywhere). The depth is judged by the modules' own runs: merging small runs first
+    would let a deep depth of tiny modules pass as coarse."""
     top = max((len(n.stack) for n in nodes), default=0)
     for depth in range(top, 0, -1):
-        if 2 <= len(segment(nodes, depth, min_nodes)) <= max_segments:
+        if len(segment(nodes, depth)) <= max_segments and \
+                len(segment(nodes, depth, min_nodes)) >= 2:
             return depth
     return None
 
