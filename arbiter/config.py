@@ -72,6 +72,14 @@ class MeasureOptions(BaseModel):
         5, ge=0, description="stop refining after this many moves in a row that did not "
         "win (each move compiles its new partitions: on BERT-style models the whole 120 s "
         "budget went to moves that never won); 0: only the budget stops it")
+    mix: bool = Field(True, description="after the whole-graph candidates, cut the graph at "
+                      "module boundaries (nn_module_stack), time each kind of segment (and "
+                      "of adjacent pair) on each backend that ran the graph alone, choose a "
+                      "backend per segment by dynamic programming over the chain, and time "
+                      "that mixed placement end to end against the best (docs/policies.md)")
+    mix_max_segments: StrictInt = Field(
+        48, ge=2, description="mixing cuts at the deepest module depth giving at most this "
+        "many segments (BERT-base: its layers' attention, intermediate and output blocks)")
     progress: bool = Field(True, description="show a progress line on stderr when "
                            "measuring takes more than 2 s (it is logged at INFO anyway)")
 

@@ -300,7 +300,7 @@ def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, m
     def sample(cand, fn, inner, args):
         order.append(cand.label)
         fn(*args)
-        return {"only fast": 1.0}.get(cand.label, 5.0) + 0.01 * (len(order) % 3)
+        return {"only fast": 1.0}.get(cand.label, 1.2) + 0.01 * (len(order) % 3)
 
     monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
     be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=9))
@@ -332,6 +332,31 @@ def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, m
     assert out.rounds == 7 and out.confident is False
 
 
+@pytest.mark.parametrize("eager_ms, eager_rounds", [(5.0, 2), (1.2, 3)])
+def test_rounds_time_only_the_undecided(slow_fast, tmp_path, monkeypatch, fresh_dynamo,
+                                        eager_ms, eager_rounds):
+    """A candidate far behind the fastest (1.5x its slowest sample) is not timed after
+    the second round, one apart from it (quartiles) not after `repeats`, while the close
+    ones go on (it would spend the budget and cannot change the ranking)."""
+    from arbiter.run.measured import MeasuredGraph
+
+    order: list[str] = []
+
+    def sample(cand, fn, inner, args):
+        order.append(cand.label)
+        fn(*args)
+        return {"only eager": eager_ms}.get(cand.label, 1.0)  # the compiled ones tie
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False, repeats=3, max_repeats=7))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    assert out.rounds == 7 and out.confident is False
+    assert order.count("only eager") == eager_rounds
+    assert order.count("only fast") == 7 and order.count("priority") == 7
+    assert out.candidates_ms["only eager"] == eager_ms
+
+
 @pytest.mark.parametrize("patience", [1, 2, 0])
 def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_path,
                                                                 monkeypatch, fresh_dynamo,
@@ -356,3 +381,153 @@ def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_p
     else:
         assert len(refined) > 2, refined  # f's moves: more than the patiences above
     assert not out.chosen.startswith("refine")
+
+
+# -- mixing at module boundaries (measure.mix; arbiter/plan/segments.py) ----------------
+# Two module kinds, three layers: `Gate` (sigmoid) and `Squash` (tanh). Backend `sig_slow`
+# sleeps in every call for each sigmoid its partition holds, `tanh_slow` for each tanh: each
+# backend alone sleeps three times a call; Gate on tanh_slow and Squash on sig_slow, never.
+MIX_OPS = ["aten.sigmoid.default", "aten.tanh.default", "aten.mul.Tensor", "aten.add.Tensor"]
+MIX_SLEEP_S = 0.01
+
+
+class Gate(torch.nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(x * 1.5) + x
+
+
+class Squash(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 0.5 + x
+
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate, self.squash = Gate(), Squash()
+
+    def forward(self, x):
+        return self.squash(self.gate(x))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, n: int = 3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Layer() for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _sleeps_on(op: str):
+    def compile(self, gm, example_inputs):
+        bad = sum(1 for n in gm.graph.nodes if op in str(n.target))
+
+        def fn(*args):
+            if bad:
+                time.sleep(MIX_SLEEP_S * bad)
+            return gm(*args)
+        return fn
+    return compile
+
+
+@pytest.fixture
+def mixers(make_backend):
+    return (make_backend("sig_slow", MIX_OPS, compile=_sleeps_on("sigmoid")),
+            make_backend("tanh_slow", MIX_OPS, compile=_sleeps_on("tanh")))
+
+
+def _slow_eager(monkeypatch):
+    """Eager alone sleeps 100 ms a call while timed: on these tiny graphs it would beat any
+    compiled placement (the comparison here is between the compiled ones)."""
+    from arbiter.run.measured import MeasuredGraph
+
+    real = MeasuredGraph._sample
+
+    def sample(cand, fn, inner, args):
+        if "only eager" in cand.labels:
+            run = fn
+
+            def fn(*a):
+                time.sleep(0.1)
+                return run(*a)
+        return real(cand, fn, inner, args)
+
+    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+
+
+def _mix_config(tmp_path, **measure):
+    return {"backends": ["sig_slow", "tanh_slow"], "policy": "measure", "min_block_size": 1,
+            "measure": {"repeats": 3, "warmup": 1, "refine": False, **measure},
+            "cache": {"dir": str(tmp_path / "cache")}}
+
+
+def _placed(plan) -> dict:
+    return {str(n.target): p.backend for p in plan.partitions for n in p.nodes
+            if "sigmoid" in str(n.target) or "tanh" in str(n.target)}
+
+
+def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
+        mixers, tmp_path, fresh_dynamo, monkeypatch):
+    from arbiter.run.measured import MeasuredGraph
+
+    _slow_eager(monkeypatch)
+    torch.manual_seed(0)
+    model = Stack().eval()
+    x, other = torch.randn(4, 16), torch.randn(4, 16)
+    be = arbiter.Arbiter(_mix_config(tmp_path))
+    compiled = torch.compile(model, backend=be)
+    torch.testing.assert_close(compiled(x), model(x))
+    torch.testing.assert_close(compiled(other), model(other))  # not the timed inputs
+    g = _graph(be)
+    out, plan = g.outcome, g.plan
+    assert out.chosen.startswith("mix: "), out.candidates_ms
+    assert "Gate x3 on tanh_slow" in out.chosen and "Squash x3 on sig_slow" in out.chosen
+    # every sigmoid away from the backend that sleeps on it, every tanh likewise
+    placed = {n.name: p.backend for p in plan.partitions for n in p.nodes}
+    ops = {n.name: str(n.target) for n in plan.graph_module.graph.nodes}
+    assert {placed[k] for k, t in ops.items() if "sigmoid" in t} == {"tanh_slow"}
+    assert {placed[k] for k, t in ops.items() if "tanh" in t} == {"sig_slow"}
+    check_plan_invariants(plan, plan.graph_module)
+    # the mixed candidate is in the outcome with its time and spread, below each alone
+    mixed = out.candidates_ms[out.chosen]
+    assert mixed is not None and out.spread_ms[out.chosen]
+    assert mixed < out.candidates_ms["only sig_slow"] and \
+        mixed < out.candidates_ms["only tanh_slow"]
+    assert mixed < 3 * MIX_SLEEP_S * 1e3  # each alone sleeps 3 x 10 ms a call
+    # another process-like Arbiter replays the mixed decision from the cache, timing nothing
+    torch._dynamo.reset()
+    monkeypatch.setattr(MeasuredGraph, "_measure", lambda *a: pytest.fail("timed again"))
+    be2 = arbiter.Arbiter(_mix_config(tmp_path))
+    compiled2 = torch.compile(Stack().eval(), backend=be2)
+    model2 = compiled2._orig_mod
+    model2.load_state_dict(model.state_dict())
+    torch.testing.assert_close(compiled2(x), model(x))
+    g2 = _graph(be2)
+    assert g2.outcome.chosen == out.chosen
+    placed2 = {n.name: p.backend for p in g2.plan.partitions for n in p.nodes}
+    assert placed2 == placed
+
+
+def test_mixing_off_or_without_a_gain_keeps_a_whole_graph_candidate(
+        mixers, make_backend, tmp_path, fresh_dynamo, monkeypatch):
+    _slow_eager(monkeypatch)
+    model = Stack().eval()
+    x = torch.randn(4, 16)
+    be = arbiter.Arbiter(_mix_config(tmp_path, mix=False))
+    torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    out = _graph(be).outcome
+    assert not any(k.startswith("mix") for k in out.candidates_ms)
+    assert not out.chosen.startswith("mix")
+    # two backends alike (neither sleeps): the DP keeps one, or the mixed one does not win
+    make_backend("plain_a", MIX_OPS)
+    make_backend("plain_b", MIX_OPS)
+    torch._dynamo.reset()
+    cfg = _mix_config(tmp_path / "2")
+    cfg["backends"] = ["plain_a", "plain_b"]
+    be = arbiter.Arbiter(cfg)
+    torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    out = _graph(be).outcome
+    assert not out.chosen.startswith("mix"), out.candidates_ms

@@ -14,7 +14,9 @@ and on its first call:
    compiles), then ``repeats`` timed calls, the median counts. End-to-end timing counts
    boundary costs for free. Pieces are shared between candidates by (chain, nodes), so a
    partition common to two candidates compiles once, and the winner's pieces are already
-   compiled when it is installed;
+   compiled when it is installed. Then (``measure.mix``) a mixed candidate cut at module
+   boundaries, a backend per segment chosen by a dynamic program over measured segment
+   costs (``_mix``, ``plan/segments.py``), and refinement (``_refine``);
 3. stops starting new work once ``time_budget_s`` is spent (a compile under way is not
    interrupted); candidates left unmeasured are ranked by their cost estimate scaled to
    the measured ones (median measured/estimate ratio). The priority candidate is always
@@ -42,9 +44,11 @@ import torch
 from ..cache import Cache, fingerprint
 from ..ops import is_getitem, is_mutating, op_name
 from ..plan.cost import load_table, node_us, plan_ms
-from ..plan.partition import Plan
+from ..plan.partition import Partition, Plan
 from ..plan.planner import Planner
-from ..plan.policy import PRIORITY, Candidate, plan_key
+from ..plan.policy import ONLY, PRIORITY, Candidate, plan_key
+from ..plan.segments import (NodeInfo, Segment, best_chain, choose_depth, pair_kind,
+                             probe_layouts, segment, skip_edges)
 from ..plan.support import FixedSupport, Preferred
 from .piece import Piece, PieceRecord
 from .record import GraphRecord
@@ -55,6 +59,16 @@ log = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0
 #: A refinement step is kept only when it beats the best so far by more than this.
 REFINE_MARGIN = 0.03
+#: From the third timing round, a candidate whose fastest sample is this many times the
+#: fastest candidate's slowest is not timed again.
+FAR_BEHIND = 1.5
+#: The mixed candidate is kept only when it beats the best so far by more than this.
+MIX_MARGIN = 0.01
+#: Label prefix of the mixed candidate (module boundaries, ``_mix``).
+MIX = "mix: "
+#: Mixing times segments only on backends whose whole graph ran within this factor of
+#: the fastest's (each probe compiles; a backend far behind rarely wins a segment).
+MIX_SPAN = 1.5
 #: One timing sample lasts at least this long (several calls of a fast graph).
 SAMPLE_S = 0.002
 #: At most this many calls make one sample.
@@ -169,7 +183,11 @@ class MeasuredGraph:
         cache = self._cache
         key = None
         if cache is not None:
-            key = fingerprint(self._gm, args, self._planner.decision_parts(), self._constants)
+            parts = self._planner.decision_parts()
+            if getattr(self._opts, "mix", False):
+                # mixing adds a candidate: a decision made without it is made again
+                parts = {**parts, "mix": self._opts.mix_max_segments}
+            key = fingerprint(self._gm, args, parts, self._constants)
             hit = cache.get_json("decision", key)
             applied = self._apply(hit, args)
             if applied:
@@ -209,6 +227,16 @@ class MeasuredGraph:
         order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
         with torch.random.fork_rng(devices=[]):
             self._measure_candidates(order, args, start, per_part, opts)
+            if getattr(opts, "mix", False):
+                try:
+                    self._mix(args, start, per_part)
+                except Exception as exc:  # noqa: BLE001 - the whole-graph choice stands
+                    log.warning("%s: mixing at module boundaries failed (%s: %s); choosing "
+                                "among the other candidates", self._label,
+                                type(exc).__name__, exc, exc_info=True)
+                    for c in self.candidates:  # never chosen by its estimate alone
+                        if c.label.startswith(MIX) and c.measured_ms is None:
+                            c.eligible = False
             if opts.refine:
                 self._refine(args, start, per_part)
         log.info("%s: measured %s", self._label, ", ".join(
@@ -273,11 +301,19 @@ class MeasuredGraph:
         if not cands:
             return
         part_samples: dict = {}
+        timing = cands
         for r in range(max(opts.repeats, opts.max_repeats)):
             if r >= opts.repeats and (not confident_stop or self._separated(cands)):
                 break
-            shift = r % len(cands)
-            for cand in cands[shift:] + cands[:shift]:
+            if confident_stop and r >= 2:
+                # only what is still undecided is timed again: from the third round a
+                # candidate whose fastest sample is FAR_BEHIND times the fastest's slowest,
+                # and past `repeats` one apart from the fastest (quartiles), cannot change
+                # the ranking, and timing it again would spend the budget (eager and
+                # Inductor at 4-6x on BERT-base under load: 15 rounds, the whole budget)
+                timing = self._undecided(cands, apart=r >= opts.repeats)
+            shift = r % len(timing)
+            for cand in timing[shift:] + timing[:shift]:
                 fn, pieces, inner = self._ready[cand.label]
                 for p in pieces:
                     p.timed = True
@@ -305,6 +341,26 @@ class MeasuredGraph:
         for _ in range(inner):
             fn(*args)
         return (time.perf_counter() - t0) * 1e3 / inner
+
+    def _undecided(self, cands: list[Candidate], apart: bool) -> list[Candidate]:
+        """The fastest candidate by median and the others still in the race (``cands``
+        order): not FAR_BEHIND (fastest sample over FAR_BEHIND times the fastest one's
+        slowest) and, with ``apart``, with a lower quartile not above its upper one."""
+        samples = {c.label: self._samples[c.label] for c in cands
+                   if len(self._samples[c.label]) >= 2}
+        if len(samples) < 2:
+            return cands
+        best = min(samples, key=lambda k: statistics.median(samples[k]))
+        best_hi = _quartiles(samples[best])[1]
+        worst = max(samples[best])
+
+        def live(c: Candidate) -> bool:
+            xs = samples.get(c.label)
+            if xs is None or c.label == best:
+                return True
+            return min(xs) <= FAR_BEHIND * worst and (not apart or _quartiles(xs)[0] <= best_hi)
+
+        return [c for c in cands if live(c)]
 
     def _separated(self, cands: list[Candidate]) -> bool:
         """Whether the fastest candidate's samples are clearly apart from every other's:
@@ -443,24 +499,266 @@ class MeasuredGraph:
                         return
 
     def _beats(self, cand: Candidate, best: Candidate, args: list, start: float,
-               per_part: dict) -> bool:
-        """Whether a refinement step beats the best so far by more than REFINE_MARGIN, in
+               per_part: dict, margin: float = REFINE_MARGIN) -> bool:
+        """Whether a refinement step (or the mixed candidate) beats the best so far by
+        more than ``margin`` (REFINE_MARGIN; MIX_MARGIN for the mixed one), in
         its first interleaved timing and again when both are timed once more: a
         challenger must win twice. On graphs of microseconds one timing's noise exceeds
         the margin (a test backend's graph moved one op to eager on noise alone in 5 of 12
         runs before this rule)."""
-        if not cand.measured_ms < best.measured_ms * (1 - REFINE_MARGIN):
+        if not cand.measured_ms < best.measured_ms * (1 - margin):
             return False
         self._samples[cand.label] = []
         self._samples[best.label] = []
         self._rounds([best, cand], args, start, per_part, confident_stop=False)
-        return cand.measured_ms < best.measured_ms * (1 - REFINE_MARGIN)
+        return cand.measured_ms < best.measured_ms * (1 - margin)
 
     def _time(self, cand: Candidate, args: list, start: float, per_part: dict) -> None:
         """One candidate on its own (a refinement step's first timing), beside the best
         so far when there is one: interleaved with it."""
         self._prepare(cand, args)
         self._rounds([cand], args, start, per_part, confident_stop=False)
+
+    # -- mixing at module boundaries (plan/segments.py) -----------------------------
+    def _mix(self, args: list, start: float, per_part: dict) -> None:
+        """The mixed candidate (docs/policies.md "Mixing at module boundaries"): segments
+        of the graph at a module depth; one instance of each kind of segment and of
+        adjacent pair timed on each backend that ran the graph alone (fastest first,
+        within the budget), as partitions of their own in probe plans that run the rest
+        in eager; a backend per segment by the chain DP (``segments.best_chain``); that
+        placement, made by the partitioner through ``steer`` as refinement does, timed
+        end to end beside the best so far and kept only when it wins twice by more than
+        MIX_MARGIN."""
+        opts = self._opts
+        best = self._pick(lowered=False)
+        if best is None or best.measured_ms is None:
+            return
+        base = self.candidates[0].plan
+        inline = self._planner.inline
+        # the backends that ran the graph alone, fastest first (compiled, float32)
+        alone = sorted((c for c in self.candidates if c.measured_ms is not None
+                        and not c.lowered), key=lambda c: c.measured_ms)
+        backends = list(dict.fromkeys(
+            lab[len(ONLY):] for c in alone for lab in c.labels
+            if lab.startswith(ONLY) and lab[len(ONLY):] in self._planner.backends
+            and lab[len(ONLY):] not in inline and c.measured_ms <= MIX_SPAN * best.measured_ms))
+        if len(backends) < 2:
+            log.info("%s: mixing skipped: fewer than two compiled backends ran the graph "
+                     "alone within %.1fx of the fastest", self._label, MIX_SPAN)
+            return
+        nodes = [n for n in self._gm.graph.nodes if n.op == "call_function"]
+        infos = [_node_info(n) for n in nodes]
+        # a segment is at least min_block_size nodes, as a partition is
+        small = max(1, self._planner.min_block_size)
+        depth = choose_depth(infos, opts.mix_max_segments, small)
+        if depth is None:
+            log.info("%s: mixing skipped: no module depth cuts the graph into 2 to %d "
+                     "segments (measure.mix_max_segments)", self._label, opts.mix_max_segments)
+            return
+        segs = segment(infos, depth, small)
+        seg_of = {name: s.index for s in segs for name in s.nodes}
+        by_name = {n.name: n for n in nodes}
+        split = [n.name for n in nodes if is_getitem(n)
+                 and seg_of[n.name] != seg_of.get(n.args[0].name)]
+        if split:
+            log.info("%s: mixing skipped: %s is cut from its producer at depth %d",
+                     self._label, split[0], depth)
+            return
+        able = [{b for b in backends if all(b in base.candidates(by_name[x])
+                                            for x in s.nodes if not is_getitem(by_name[x]))}
+                for s in segs]
+        log.info("%s: mixing: %d segments at module depth %d (%d kinds), %d value(s) read "
+                 "from further back than the previous segment", self._label, len(segs),
+                 depth, len({s.kind for s in segs}), skip_edges(infos, segs))
+        costs = self._time_segments(segs, able, backends, by_name, args, start, per_part)
+        if costs is None:
+            return
+        single, pair, compile_s = costs
+        if log.isEnabledFor(logging.DEBUG):
+            first: dict = {}
+            for s in segs:
+                first.setdefault(s.kind, f"{s.cls or 'top level'}@{s.index}")
+            log.debug("%s: mixing: segment times %s; pair times %s", self._label,
+                      {(first[k], b): round(ms, 4) for (k, b), ms in single.items()},
+                      {(first[k1], first[k2], b): round(ms, 4)
+                       for ((k1, k2), b), ms in pair.items()})
+        measured = [b for b in backends if any((s.kind, b) in single for s in segs)]
+
+        def saving(i: int, b: str) -> float:
+            """What keeping segments i and i + 1 together on b saves against apart: from
+            0 (a pair measured slower than its parts apart is taken as noise: BERT-base
+            under load measured -3.7 ms on OpenVINO's attention + intermediate) to the
+            smaller one's time (one noisy sample must not make a segment's cost
+            negative)."""
+            k = pair_kind(segs, i)
+            one, two = single.get((segs[i].kind, b)), single.get((segs[i + 1].kind, b))
+            both = pair.get((k, b))
+            if None in (one, two, both):
+                return 0.0
+            return max(0.0, min(min(one, two), one + two - both))
+
+        rows = []
+        for s in segs:
+            row = {b: single[(s.kind, b)] - 0.5 * (
+                (saving(s.index - 1, b) if s.index > 0 else 0.0)
+                + (saving(s.index, b) if s.index + 1 < len(segs) else 0.0))
+                for b in measured if (s.kind, b) in single and b in able[s.index]}
+            rows.append(row or {"": 0.0})  # no backend measured: the partitioner decides
+
+        def boundary(i: int, a: str, b: str) -> float:
+            return 0.5 * ((saving(i, a) if a else 0.0) + (saving(i, b) if b else 0.0))
+
+        try:
+            total, path = best_chain(rows, boundary)
+        except ValueError as exc:  # pragma: no cover - every row has an option
+            log.info("%s: mixing skipped: %s", self._label, exc)
+            return
+        alone_ms = {b: sum(r[b] for r in rows) for b in measured
+                    if all(b in r for r in rows)}
+        log.info("%s: mixing: segment DP predicts %.3f ms (%s); each backend alone by the "
+                 "same sums: %s", self._label, total, _summary(segs, path), ", ".join(
+                     f"{b} {ms:.3f} ms" for b, ms in alone_ms.items()) or "none whole")
+        if len({b for b in path if b}) < 2:
+            log.info("%s: mixing: the DP keeps one backend; no mixed candidate", self._label)
+            return
+        if alone_ms and total > min(alone_ms.values()) * (1 - MIX_MARGIN):
+            log.info("%s: mixing: the DP's placement is predicted less than %.0f%% faster "
+                     "than one backend throughout; not built", self._label, MIX_MARGIN * 100)
+            return
+        steer = {name: b for s, b in zip(segs, path) if b for name in s.nodes}
+        plan = self._steered_plan(steer)
+        if plan_key(plan) in {plan_key(c.plan) for c in self.candidates}:
+            log.info("%s: mixing: the mixed placement equals a candidate timed already",
+                     self._label)
+            return
+        elapsed = time.perf_counter() - start
+        # its compile, predicted from the probes' (per segment, by backend): a compile
+        # under way is never interrupted, so one that would overrun the budget is not begun
+        need = sum(compile_s.get(b, 0.0) for b in path)
+        if elapsed + need > opts.time_budget_s:
+            log.info("%s: mixing: compiling the mixed placement (%d partitions, about %.0f s "
+                     "by the probes' compiles) would overrun the measure budget (%.0f s "
+                     "spent of %.0f)", self._label, len(plan.partitions), need, elapsed,
+                     opts.time_budget_s)
+            return
+        cand = Candidate(f"{MIX}{_summary(segs, path)}", plan, plan_ms(plan, inline),
+                         steer=steer)
+        self.candidates.append(cand)
+        self._progress(f"{self._label}: timing the mixed candidate ({len(plan.partitions)} "
+                       f"partitions), {elapsed:.1f} s", elapsed)
+        self._time(cand, args, start, per_part)
+        if self._beats(cand, best, args, start, per_part, margin=MIX_MARGIN):
+            log.info("%s: mixing wins: %.3f ms against %s %.3f ms", self._label,
+                     cand.measured_ms, best.label, best.measured_ms)
+            return
+        cand.eligible = False
+        log.info("%s: mixing did not win: %.3f ms against %s %.3f ms", self._label,
+                 cand.measured_ms, best.label, best.measured_ms)
+
+    def _time_segments(self, segs: list[Segment], able: list[set], backends: list[str],
+                       by_name: dict, args: list, start: float, per_part: dict):
+        """Per backend (in ``backends`` order, while the budget lasts) and per probe layout
+        (``segments.probe_layouts``): a plan whose instances are partitions of their own on
+        that backend and whose other nodes run in eager; built, warmed up, then all probes
+        timed in interleaved rounds (each piece's own time, ``Piece.timed``). Returns
+        ({(segment kind, backend): ms}, {(pair kind, backend): ms}, {backend: mean compile
+        s per segment}) of the instances whose backend compiled them (a piece
+        that fell back measures nothing), or None when not one backend was measured."""
+        opts = self._opts
+        layouts = probe_layouts(segs)
+        base = self.candidates[0].plan
+        fallback = self._planner.fallback_name
+        probes = []  # (fn, [(piece, what)])
+        # layout by layout (the first holds every kind alone), each on every backend:
+        # when the budget runs out, the pairs left unmeasured count as saving nothing
+        for k, b in [(k, b) for k in range(len(layouts)) for b in backends]:
+            layout = layouts[k]
+            elapsed = time.perf_counter() - start
+            if elapsed > opts.time_budget_s:
+                log.info("%s: measure budget spent while timing segments (probes %d/%d "
+                         "on %s and after left)", self._label, k + 1, len(layouts), b)
+                break
+            mine = [inst for inst in layout if all(b in able[i] for i in inst)]
+            if not mine:
+                continue
+            self._progress(f"{self._label}: mixing: compiling segment probes {k + 1}/"
+                           f"{len(layouts)} on {b} ({len(mine)} instances), "
+                           f"{elapsed:.1f} s", elapsed)
+            at = {inst[0]: inst for inst in mine}
+            inst_of: dict = {}  # a probe partition's node names -> its instance
+            parts: list[Partition] = []
+            rest: list = []
+            i = 0
+            while i < len(segs):
+                inst = at.get(i)
+                if inst is None:
+                    rest += [by_name[x] for x in segs[i].nodes]
+                    i += 1
+                    continue
+                if rest:
+                    parts.append(Partition(len(parts), fallback, rest))
+                    rest = []
+                members = [by_name[x] for j in inst for x in segs[j].nodes]
+                parts.append(Partition(len(parts), b, members))
+                inst_of[tuple(n.name for n in members)] = inst
+                i += len(inst)
+            if rest:
+                parts.append(Partition(len(parts), fallback, rest))
+            plan = Plan(self._gm, parts, base.support, base.fallback, base.patterns)
+            probe = Candidate(f"mix probe {k + 1} on {b}", plan, 0.0)
+            try:
+                fn, _ = self._build(probe)
+                for _ in range(max(1, self._opts.warmup)):
+                    fn(*args)
+            except Exception as exc:  # noqa: BLE001 - a probe is never the answer
+                log.info("%s: mixing: %s failed: %s: %s", self._label, probe.label,
+                         type(exc).__name__, exc)
+                continue
+            timed = []
+            for piece in _pieces(fn):
+                inst = inst_of.get(getattr(piece, "node_names", None))
+                if inst is None:
+                    continue
+                if piece.record.backend != b:
+                    log.info("%s: mixing: %s did not take segment %d (%s) whole; it "
+                             "fell back to %s", self._label, b, inst[0],
+                             segs[inst[0]].path, piece.record.backend)
+                    continue
+                what = (segs[inst[0]].kind if len(inst) == 1
+                        else pair_kind(segs, inst[0]))
+                timed.append((piece, (len(inst), what, b)))
+            if timed:
+                probes.append((fn, timed))
+        if not probes:
+            return None
+        samples: dict = {}
+        for r in range(opts.repeats):
+            if r and time.perf_counter() - start > opts.time_budget_s:
+                break
+            shift = r % len(probes)
+            for fn, timed in probes[shift:] + probes[:shift]:
+                for piece, _ in timed:
+                    piece.timed = True
+                before = [piece.record.run_s for piece, _ in timed]
+                try:
+                    fn(*args)
+                finally:
+                    for piece, _ in timed:
+                        piece.timed = False
+                for (piece, what), t0 in zip(timed, before):
+                    samples.setdefault(what, []).append((piece.record.run_s - t0) * 1e3)
+        compiles: dict = {}
+        for fn, timed in probes:
+            for piece, (size, _, b) in timed:
+                compiles.setdefault(b, []).append(piece.record.compile_s / size)
+        single, pair = {}, {}
+        for (size, kind, b), xs in samples.items():
+            (single if size == 1 else pair)[(kind, b)] = statistics.median(xs)
+        for fn, timed in probes:
+            for piece, what in timed:
+                per_part[(piece.record.backend, piece.node_names)] = \
+                    statistics.median(samples[what])
+        return single, pair, {b: statistics.mean(xs) for b, xs in compiles.items()}
 
     def _pick(self, lowered: bool = True) -> Optional[Candidate]:
         """The fastest eligible candidate, measured or else estimated (a lower-precision
@@ -523,6 +821,36 @@ def _distributed() -> Any:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     return dist
+
+
+def _node_info(node: torch.fx.Node) -> NodeInfo:
+    """What segmenting reads of a node: its module stack (Dynamo's ``nn_module_stack``,
+    kept by AOTAutograd), a signature without names (op, output shapes and dtypes, the
+    arguments that are not nodes) and the names of the compute nodes it reads."""
+    stack = tuple((str(v[0]), getattr(v[1], "__qualname__", str(v[1])))
+                  if isinstance(v, tuple) and len(v) == 2 else (str(k), "")
+                  for k, v in (node.meta.get("nn_module_stack") or {}).items())
+    if is_getitem(node):  # a getitem belongs with its producer
+        stack = _node_info(node.args[0]).stack if isinstance(node.args[0], torch.fx.Node) \
+            else stack
+    vals = node.meta.get("val")
+    vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+    outs = tuple((tuple(str(d) for d in v.shape), str(v.dtype))  # str: SymInts do not hash
+                 if isinstance(v, torch.Tensor) else type(v).__name__ for v in vals)
+    consts = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: "%")
+    signature = (op_name(node.target), outs, repr(consts))
+    inputs = tuple(n.name for n in node.all_input_nodes)
+    return NodeInfo(node.name, stack, signature, inputs)
+
+
+def _summary(segs: list[Segment], path: list[str]) -> str:
+    """Which module classes went where: ``BertAttention x12 on onnxruntime, ...``."""
+    groups: dict = {}
+    for s, b in zip(segs, path):
+        groups.setdefault((s.cls or "top level", b or "as planned"), 0)
+        groups[(s.cls or "top level", b or "as planned")] += 1
+    return ", ".join(f"{cls} x{n} on {b}" if n > 1 else f"{cls} on {b}"
+                     for (cls, b), n in groups.items())
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:

@@ -1,0 +1,220 @@
+"""Segments at module boundaries, and the choice of a backend per segment (policy
+`measure`'s mixed candidate, docs/policies.md "Mixing at module boundaries").
+
+Pure: nodes come in as ``NodeInfo`` (a name, its module stack as (path, class) pairs from
+Dynamo's ``nn_module_stack``, a signature, its inputs' names), costs as numbers. Nothing
+here runs a tensor, so everything is unit-tested with made-up costs
+(tests/test_segments.py); arbiter/run/measured.py measures the costs and builds the plan.
+
+* ``segment(nodes, depth)``: the graph order cut into maximal runs of nodes of the same
+  module at ``depth`` of the module tree (a module with nothing below ``depth`` is one
+  unit whatever its own depth: BERT's embeddings at the depth of its layers' attention).
+  Nodes of no module at that depth (top-level code, a ``getitem``) join the segment before
+  them (the first segment, when they come first), and so do runs of fewer than
+  ``min_nodes`` nodes. Repeated blocks (the same module class,
+  ops, shapes and wiring) get the same ``kind``: they are measured once.
+* ``choose_depth(nodes, max_segments)``: the deepest depth giving at least two and at
+  most ``max_segments`` segments.
+* ``probe_layouts(segments)``: instances to measure, one per segment kind and one per kind
+  of adjacent pair, packed into few layouts whose instances do not overlap (each layout is
+  one plan: its instances compiled as partitions of their own, the rest in eager).
+* ``best_chain(costs, boundary)``: the placement of a chain of segments minimizing the sum
+  of segment costs plus boundary costs between differently placed neighbours: a dynamic
+  program over the chain (Collage's, restricted to a chain: O(segments x backends^2)).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node of the graph, as segmenting sees it."""
+
+    name: str
+    stack: tuple[tuple[str, str], ...]  # (module path, class name), outermost first
+    signature: Hashable = ()  # op, output shapes/dtypes: equal for repeated blocks' nodes
+    inputs: tuple[str, ...] = ()  # names of the nodes it reads (others: graph inputs)
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    path: str  # the module's path ("" for a leading run of top-level code)
+    cls: str  # its class name
+    nodes: tuple[str, ...]
+    kind: Hashable  # equal for segments that are the same computation on the same shapes
+
+
+def _units(nodes: Sequence[NodeInfo], depth: int) -> list[Optional[tuple[str, str]]]:
+    """Each node's module at ``depth``: the entry at that depth, or the shallowest entry
+    of its stack with nothing below ``depth`` (a module not divided at this depth); None
+    for a node directly in a module that is divided (or in no module)."""
+    deepest: dict[str, int] = {}
+    for n in nodes:
+        for k, (path, _) in enumerate(n.stack):
+            deepest[path] = max(deepest.get(path, 0), len(n.stack) - 1 - k)
+    out: list[Optional[tuple[str, str]]] = []
+    for n in nodes:
+        unit = None
+        for level, (path, cls) in enumerate(n.stack, start=1):
+            if level == depth or level + deepest[path] < depth:
+                unit = (path, cls)
+                break
+        out.append(unit)
+    return out
+
+
+def segment(nodes: Sequence[NodeInfo], depth: int, min_nodes: int = 1) -> list[Segment]:
+    """The maximal runs of ``nodes`` (graph order) in the same module at ``depth``; see the
+    module docstring. A run of fewer than ``min_nodes`` nodes (a ReLU module between two
+    blocks) joins the segment before it (the one after, when it comes first): a partition
+    that small costs more in calls than any backend could save on it."""
+    if depth < 1:
+        raise ValueError(f"segment depth must be at least 1, got {depth}")
+    runs: list[tuple[Optional[tuple[str, str]], list[NodeInfo]]] = []
+    for n, unit in zip(nodes, _units(nodes, depth)):
+        if unit is None or (runs and runs[-1][0] == unit):
+            if runs:
+                runs[-1][1].append(n)
+            else:
+                runs.append((None, [n]))  # top-level code first: a segment until a module
+            continue
+        if runs and runs[-1][0] is None and len(runs) == 1:
+            runs[0] = (unit, runs[0][1] + [n])  # the leading glue joins the first module
+            continue
+        runs.append((unit, [n]))
+    merged: list = []
+    for unit, members in runs:
+        if merged and len(members) < min_nodes:
+            merged[-1][1].extend(members)
+        elif merged and len(merged[-1][1]) < min_nodes and len(merged) == 1:
+            merged[0] = (unit, merged[0][1] + members)  # a small first run joins the next
+        else:
+            merged.append((unit, list(members)))
+    runs = merged
+    out = []
+    for i, (unit, members) in enumerate(runs):
+        path, cls = unit if unit is not None else ("", "")
+        out.append(Segment(i, path, cls, tuple(n.name for n in members),
+                           (cls, _shape_of(members))))
+    return out
+
+
+def _shape_of(members: Sequence[NodeInfo]) -> tuple:
+    """The segment's computation without names: each node's signature and where its
+    inputs come from (a position inside the segment, or the k-th outside input)."""
+    pos = {n.name: i for i, n in enumerate(members)}
+    outside: dict[str, int] = {}
+    out = []
+    for n in members:
+        wires = tuple(("in", pos[x]) if x in pos else ("out", outside.setdefault(x, len(outside)))
+                      for x in n.inputs)
+        out.append((n.signature, wires))
+    return tuple(out)
+
+
+def choose_depth(nodes: Sequence[NodeInfo], max_segments: int,
+                 min_nodes: int = 1) -> Optional[int]:
+    """The deepest module depth whose modules cut ``nodes`` into at most ``max_segments``
+    runs, and into at least 2 segments once runs under ``min_nodes`` joined their
+    neighbours (``segment``); None when no depth does (no module structure, or too fine
+    everywhere). The depth is judged by the modules' own runs: merging small runs first
+    would let a deep depth of tiny modules pass as coarse."""
+    top = max((len(n.stack) for n in nodes), default=0)
+    for depth in range(top, 0, -1):
+        if len(segment(nodes, depth)) <= max_segments and \
+                len(segment(nodes, depth, min_nodes)) >= 2:
+            return depth
+    return None
+
+
+def skip_edges(nodes: Sequence[NodeInfo], segments: Sequence[Segment]) -> int:
+    """Values read by a segment from one more than one segment before it (BERT's attention
+    mask, read by every layer): crossings the chain model does not price (the mixed plan's
+    end-to-end timing does)."""
+    where = {name: s.index for s in segments for name in s.nodes}
+    seen = set()
+    for n in nodes:
+        j = where.get(n.name)
+        for x in n.inputs:
+            i = where.get(x)
+            if i is not None and j is not None and j - i > 1:
+                seen.add((x, j))
+    return len(seen)
+
+
+def pair_kind(segments: Sequence[Segment], i: int) -> tuple:
+    """The kind of the adjacent pair (segment i, segment i + 1)."""
+    return (segments[i].kind, segments[i + 1].kind)
+
+
+def probe_layouts(segments: Sequence[Segment], pairs: bool = True) -> list[list[tuple[int, ...]]]:
+    """Instances to time: the first segment of each kind alone, and (``pairs``) the first
+    pair of each adjacent-pair kind, packed greedily into layouts of non-overlapping
+    instances (a tuple of segment indices each). Singles go first; a pair that overlaps
+    what a layout holds goes to a later instance of its kind or to the next layout."""
+    wanted: list[list[tuple[int, ...]]] = []  # per thing to measure: its instances
+    seen: dict = {}
+    for s in segments:
+        if s.kind not in seen:
+            seen[s.kind] = len(wanted)
+            wanted.append([])
+        wanted[seen[s.kind]].append((s.index,))
+    if pairs:
+        seen_pairs: dict = {}
+        for i in range(len(segments) - 1):
+            k = ("pair", pair_kind(segments, i))
+            if k not in seen_pairs:
+                seen_pairs[k] = len(wanted)
+                wanted.append([])
+            wanted[seen_pairs[k]].append((i, i + 1))
+    layouts: list[list[tuple[int, ...]]] = []
+    used: list[set[int]] = []
+    for instances in wanted:
+        for k, taken in enumerate(used + [set()]):
+            free = next((inst for inst in instances if not taken.intersection(inst)), None)
+            if free is None:
+                continue
+            if k == len(used):
+                used.append(set())
+                layouts.append([])
+            used[k].update(free)
+            layouts[k].append(free)
+            break
+    return layouts
+
+
+def best_chain(costs: Sequence[Mapping[str, float]],
+               boundary: Callable[[int, str, str], float]) -> tuple[float, list[str]]:
+    """The cheapest placement of a chain of segments: ``costs[i][b]`` is segment i's cost
+    on backend b (a backend missing, or at inf, cannot take it); ``boundary(i, a, b)`` the
+    cost of segment i on a followed by segment i + 1 on b, asked only for a != b. Returns
+    (total, backend per segment). Ties go to fewer switches, then to the backend listed
+    first in ``costs[i]``. Raises ValueError when some segment has no backend."""
+    if not costs:
+        return 0.0, []
+    # best[b] = (total, switches, backends so far) of the cheapest prefix ending on b
+    best: dict[str, tuple[float, int, list[str]]] = {}
+    for i, row in enumerate(costs):
+        options = [(b, c) for b, c in row.items() if c is not None and math.isfinite(c)]
+        if not options:
+            raise ValueError(f"segment {i} has no backend able to take it")
+        nxt: dict[str, tuple[float, int, list[str]]] = {}
+        for b, c in options:
+            if i == 0:
+                nxt[b] = (c, 0, [b])
+                continue
+            pick = None
+            for a, (total, switches, path) in best.items():
+                t = total + c + (0.0 if a == b else boundary(i - 1, a, b))
+                key = (t, switches + (a != b))
+                if pick is None or key < pick[:2]:
+                    pick = (key[0], key[1], path + [b])
+            nxt[b] = pick
+        best = nxt
+    total, _, path = min(best.values(), key=lambda v: (v[0], v[1]))
+    return total, path
