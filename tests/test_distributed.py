@@ -61,17 +61,18 @@ def _placements(report) -> list:
     return [(g.kind, g.chosen, [p.backend for p in g.partitions]) for g in report.graphs]
 
 
-def _fail_tanh_compiles() -> None:
-    """This rank's ONNX Runtime raises when asked to compile a partition holding tanh."""
-    from backends.onnxruntime import OnnxRuntime
+def _fail_tanh_compiles(also_inductor: bool) -> None:
+    """This rank's ONNX Runtime (and Inductor) raise when asked to compile a partition
+    holding tanh."""
+    from arbiter.backends.inductor import Inductor
+    from arbiter.backends.onnxruntime import OnnxRuntime
 
-    compile_ = OnnxRuntime.compile
-
-    def failing(self, gm, example_inputs):
-        if any(n.target is torch.ops.aten.tanh.default for n in gm.graph.nodes):
-            raise RuntimeError(FAIL)
-        return compile_(self, gm, example_inputs)
-    OnnxRuntime.compile = failing
+    for cls in (OnnxRuntime, Inductor) if also_inductor else (OnnxRuntime,):
+        def failing(self, gm, example_inputs, _compile=cls.compile):
+            if any(n.target is torch.ops.aten.tanh.default for n in gm.graph.nodes):
+                raise RuntimeError(FAIL)
+            return _compile(self, gm, example_inputs)
+        cls.compile = failing
 
 
 def _arbiter(policy: str):
@@ -113,8 +114,13 @@ def _ddp_rank(rank: int, store: str, out_dir: str, policy: str, fail_rank: int) 
             def refuse(self, args):
                 raise AssertionError("rank 1 measured")
             measured.MeasuredGraph._measure = refuse
-        if rank == fail_rank:
-            _fail_tanh_compiles()
+        if fail_rank >= 0:
+            # rank 0 measures, then picks `priority` (ONNX Runtime first): the decision
+            # names the failing backend whatever the timings say
+            measured.MeasuredGraph._pick = lambda self, lowered=True: next(
+                c for c in self.candidates if c.label == "priority")
+        if rank == fail_rank:  # rank 0 measures: one backend left to choose from
+            _fail_tanh_compiles(also_inductor=rank != 0)
         torch.manual_seed(0)
         model = Net()
         ref = copy.deepcopy(model)
@@ -172,12 +178,13 @@ def test_ddp_gradients_equal_eager_ddp_and_ranks_agree(policy, tmp_path):
                                               ("measure", 0)])
 def test_a_rank_whose_backend_fails_falls_back_alone_and_the_step_completes(
         policy, fail_rank, tmp_path):
-    """One rank's ONNX Runtime fails to compile the partition holding tanh: that rank
-    alone moves the partition down its chain (Inductor); both ranks finish both steps
+    """One rank's backends fail to compile the partition holding tanh (rank 1: ONNX
+    Runtime and Inductor, whichever rank 0's decision names; rank 0: ONNX Runtime): that
+    rank alone moves the partition down its chain (to eager); both ranks finish both steps
     (DDP's all-reduces are outside the partitions), with gradients equal to eager DDP's,
-    and under `measure` the broadcasts still pair up: rank 0 failing is caught by its
-    measuring (another candidate is chosen and broadcast), rank 1 failing on rank 0's
-    decision falls back after installing it."""
+    and under `measure` the broadcasts still pair up: rank 0's failing piece falls back
+    while it measures, and the label it broadcasts is built by rank 1 with rank 1's own
+    backends; rank 1 fails after installing rank 0's decision."""
     results = _spawn(_ddp_rank, tmp_path, policy, fail_rank)
     for r in results:
         assert r["worst"] < 1e-5, r
@@ -185,20 +192,18 @@ def test_a_rank_whose_backend_fails_falls_back_alone_and_the_step_completes(
     assert results[0]["params"] == pytest.approx(results[1]["params"], abs=1e-4)
     failed, other = results[fail_rank], results[1 - fail_rank]
     assert not other["fallbacks"], other["fallbacks"]
-    if policy == "measure" and fail_rank == 0:
-        # measuring caught it: the chosen candidate compiles on rank 0; nothing fell back,
-        # and no partition holding tanh runs on ONNX Runtime on either rank
-        assert not failed["fallbacks"]
-        assert results[0]["placements"] == results[1]["placements"]
-        assert results[0]["broadcast"] == ["rank 0: broadcast"]
-        assert results[1]["broadcast"] == ["from rank 0"]
-        return
-    assert any(f[:3] == ["onnxruntime", "inductor", "compile"] and FAIL in f[3]
-               for f in failed["fallbacks"]), failed["fallbacks"]
-    assert failed["placements"] != other["placements"]  # the fallback is local
+    assert all(f[2] == "compile" and FAIL in f[3] for f in failed["fallbacks"]), \
+        failed["fallbacks"]
     if policy == "measure":
         assert results[0]["broadcast"] == ["rank 0: broadcast"]
         assert results[1]["broadcast"] == ["from rank 0"]
+    if fail_rank == 1:  # rank 0's decision named a failing backend: eager on rank 1
+        assert any(f[1] == "eager" for f in failed["fallbacks"]), failed["fallbacks"]
+        assert failed["placements"] != other["placements"]  # the fallback is local
+    else:  # rank 0's piece fell back to Inductor while measuring, and rank 0 chose its
+        # candidate; rank 1 built the same candidate and compiled it on ONNX Runtime
+        assert failed["fallbacks"] and all(f[1] == "inductor" for f in failed["fallbacks"])
+        assert failed["placements"] != other["placements"]
 
 
 # -- FSDP2 ----------------------------------------------------------------------------
