@@ -25,8 +25,9 @@ import pytest
 import torch
 
 WORLD = 2
-#: a broken pairing of collectives fails the test instead of hanging it
-TIMEOUT = datetime.timedelta(seconds=120)
+#: a broken pairing of collectives fails the test instead of hanging it (generous: rank 1
+#: waits in a broadcast while rank 0 compiles and times every candidate of a graph)
+TIMEOUT = datetime.timedelta(seconds=600)
 MEASURE = {"repeats": 1, "max_repeats": 1, "warmup": 1, "refine": False, "progress": False}
 FAIL = "injected compile failure on this rank"
 
@@ -314,8 +315,9 @@ def test_fsdp2_blocks_compiled_equal_eager_fsdp2_and_ranks_agree(policy, how, tm
         assert "aten.tanh.default" in r["ops"]
         assert not [op for op in r["ops"] if "c10d" in op], r["ops"]
         assert r["constants"] == 0  # FSDP2's weights are never frozen
-        assert "onnxruntime" in r["on_backends"]  # compiled, not all eager
         assert r["same_placements"]
+        if policy == "priority":  # compiled, not all eager (measure may pick eager)
+            assert "onnxruntime" in r["on_backends"]
     if policy == "measure":
         assert results[0]["broadcast"] == ["rank 0: broadcast"]
         assert results[1]["broadcast"] == ["from rank 0"]
