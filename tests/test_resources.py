@@ -160,6 +160,33 @@ def test_auto_threads_is_the_affinity_mask():
     assert resources.resolve(opts).threads == resources.cores()
 
 
+def test_auto_threads_under_distributed_keep_the_ranks_share(monkeypatch):
+    """Several ranks on one host: `auto` takes no more than torch's thread count as the
+    process set it, nor than the cores divided among the host's ranks."""
+    opts = arbiter.load_config({"backends": ["eager"]}).resources
+    before = torch.get_num_threads()
+    monkeypatch.setattr(resources, "cores", lambda: 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    try:
+        torch.set_num_threads(1)
+        assert resources.resolve(opts).threads == 8  # not distributed: every core
+        monkeypatch.setattr(resources, "_ranks", lambda: 2)
+        assert resources.resolve(opts).threads == 1  # the rank's own setting
+        torch.set_num_threads(8)
+        assert resources.resolve(opts).threads == 8
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+        assert resources.resolve(opts).threads == 2  # 8 cores, 4 ranks on this host
+        torch.set_num_threads(1)
+        assert resources.resolve(opts).threads == 1
+        # a number in the config is taken as it is (up to the usable CPUs)
+        from arbiter.registry import usable_cpus
+
+        explicit = opts.model_copy(update={"threads": 2})
+        assert resources.resolve(explicit).threads == min(2, usable_cpus())
+    finally:
+        torch.set_num_threads(before)
+
+
 # -- zero-copy handoff ----------------------------------------------------------------
 def _ort_runner():
     import onnx.helper as h

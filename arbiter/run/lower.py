@@ -125,12 +125,38 @@ def hoist_size_arithmetic(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
+_fsdp_warned = False
+
+
+def _fsdp_weights() -> bool:
+    """Whether the model being compiled holds FSDP2-managed (``fully_shard``) weights,
+    which are never frozen: FSDP2 frees a module's gathered weights after its forward
+    (``storage.resize_(0)``) and gathers them again into the same tensors without a
+    version bump (``_unsafe_preserve_version_counter``), so the frozen-weight check
+    (run/freeze.py) could not see an optimizer step's change; and the ONNX exporter's
+    numpy view of a constant makes its storage unresizable, which FSDP2's free then
+    fails on. Warned once per process; the report shows such graphs with 0 constants."""
+    global _fsdp_warned
+    from .owner import compiling_fsdp_module
+
+    if not compiling_fsdp_module():
+        return False
+    if not _fsdp_warned:
+        _fsdp_warned = True
+        log.warning("freeze_weights is off for graphs of FSDP2 (fully_shard) modules: FSDP2 "
+                    "re-gathers their weights in place between calls, unseen by the "
+                    "frozen-weight check; their weights stay graph inputs")
+    return True
+
+
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: GraphCompiler,
           *, decompositions: dict, freeze_weights: bool) -> Callable:
     """Run AOTAutograd on a Dynamo graph; ``compile_graph`` gets each ATen graph."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
     real_inputs = list(example_inputs)
+    if freeze_weights and _fsdp_weights():
+        freeze_weights = False
     names = input_names(gm) if freeze_weights else []
 
     def compiler(kind: str):

@@ -82,17 +82,26 @@ def owner_of(obj: Any) -> Owner:
     return Owner(name.lstrip("."), ("code", code))
 
 
+def _compiled_callable() -> Any:
+    """The ``torch.compile``'d callable whose graph Dynamo is compiling now (the ``fn``
+    of Dynamo's innermost wrapper frame on this thread's stack), or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _WRAPPER_NAMES and code.co_filename.endswith(_EVAL_FRAME):
+            fn = frame.f_locals.get("fn")
+            if fn is not None:
+                return fn
+        frame = frame.f_back
+    return None
+
+
 def current_owner() -> Owner:
     """The owner of the graph Dynamo is compiling now (call from inside a backend)."""
     try:
-        frame = sys._getframe(1)
-        while frame is not None:
-            code = frame.f_code
-            if code.co_name in _WRAPPER_NAMES and code.co_filename.endswith(_EVAL_FRAME):
-                fn = frame.f_locals.get("fn")
-                if fn is not None:
-                    return owner_of(fn)
-            frame = frame.f_back
+        fn = _compiled_callable()
+        if fn is not None:
+            return owner_of(fn)
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         tx = InstructionTranslator.current_tx()
@@ -102,6 +111,23 @@ def current_owner() -> Owner:
         return Owner(tx.f_code.co_name, ("code", tx.f_code))
     except Exception:  # noqa: BLE001 - an unknown owner is reported as such
         return UNKNOWN
+
+
+def compiling_fsdp_module() -> bool:
+    """Whether the model Dynamo is compiling now holds a module whose parameters FSDP2
+    (``fully_shard``) manages: ``fully_shard`` marks each such module
+    ``_is_fsdp_managed_module`` (for Dynamo, torch 2.4 - 2.13). False when the compiled
+    model is not found (a function, another Dynamo version)."""
+    try:
+        this = _unwrap(_compiled_callable())
+        if not isinstance(this, torch.nn.Module):
+            from torch._dynamo.symbolic_convert import InstructionTranslator
+
+            this = _unwrap(InstructionTranslator.current_tx().f_locals.get("self"))
+        return isinstance(this, torch.nn.Module) and any(
+            getattr(m, "_is_fsdp_managed_module", False) for m in this.modules())
+    except Exception:  # noqa: BLE001 - not found: nothing known to be FSDP-managed
+        return False
 
 
 def matches(graph_owner: Optional[Owner], wanted: Owner) -> bool:

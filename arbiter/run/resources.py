@@ -60,6 +60,35 @@ def cores() -> int:
     return usable_cpus()
 
 
+def _ranks() -> int:
+    """The processes of a torch.distributed group (world size), 1 when none is up."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except (ImportError, RuntimeError):
+        pass
+    return 1
+
+
+def auto_threads() -> int:
+    """``threads: auto``: the CPUs this process may run on; under torch.distributed
+    (several processes, each with its own budget) no more than torch's own thread count
+    as the process holds it (``torch.set_num_threads``, or ``OMP_NUM_THREADS``, which
+    torchrun sets to 1 for several processes per host) nor than the cores divided among
+    the host's ranks (``LOCAL_WORLD_SIZE``, set by torchrun): every rank taking every
+    core made a 2-rank DDP step 10x slower here (bench/README.md, training_ddp.py)."""
+    threads = cores()
+    if _ranks() > 1:
+        import torch
+
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        share = threads // int(local) if local.isdigit() and int(local) > 0 else threads
+        threads = max(1, min(threads, torch.get_num_threads(), share))
+    return threads
+
+
 def resolve(options: Any, first_backend: str = "none") -> Budget:
     """A Budget from the config's ``resources:`` (``config.ResourcesOptions``).
 
@@ -67,7 +96,7 @@ def resolve(options: Any, first_backend: str = "none") -> Budget:
     by priority takes the most nodes: a backend whose pool may not spin may get fewer
     threads (ONNX Runtime's global pool gets no workers), and the backend doing most of
     the work needs them most."""
-    threads = cores() if options.threads == "auto" else bounded_threads(
+    threads = auto_threads() if options.threads == "auto" else bounded_threads(
         int(options.threads), "resources.threads")
     spin = first_backend if options.spin == "auto" else options.spin
     return Budget(threads=threads, spin=spin, shared_arena=options.shared_arena,
