@@ -1,5 +1,6 @@
 """One training step (forward, backward, optimizer step) of three small models: eager,
-Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs.
+Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs, and
+`arbiter:measure` (the default config's backends under policy `measure`).
 
 Models (train mode: dropout on, batch norm with batch statistics; random weights):
   bert    transformers' BertModel, hidden 256, 4 layers, 4 heads, seq 128, batch 8
@@ -14,6 +15,7 @@ The first step's loss is checked against eager's (same seed, dropout aside: drop
 draws are eager's in every variant but Inductor's, so only arbiter's must match).
 
     .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5]
+        [--variants eager inductor arbiter:default arbiter:cpu_all arbiter:measure]
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:cpu_all"]
+VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:cpu_all", "arbiter:measure"]
 MODELS = ["bert", "gpt2", "resnet18"]
 
 
@@ -76,7 +78,15 @@ def one(name: str, variant: str, steps: int) -> dict:
     elif variant.startswith("arbiter:"):
         import arbiter
 
-        fn = torch.compile(model, backend=arbiter.Arbiter(variant.split(":", 1)[1]))
+        config = variant.split(":", 1)[1]
+        if config == "measure":  # the default config's backends, policy measure
+            import yaml
+
+            from arbiter.config import shipped_configs
+
+            data = yaml.safe_load(shipped_configs()["default"].read_text())
+            config = {**data, "policy": "measure"}
+        fn = torch.compile(model, backend=arbiter.Arbiter(config))
     else:
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)

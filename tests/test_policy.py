@@ -531,3 +531,29 @@ def test_mixing_off_or_without_a_gain_keeps_a_whole_graph_candidate(
     torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
     out = _graph(be).outcome
     assert not out.chosen.startswith("mix"), out.candidates_ms
+
+
+def test_a_candidate_that_fails_to_run_is_out_and_the_call_goes_on(slow_fast, tmp_path,
+                                                                   monkeypatch, fresh_dynamo,
+                                                                   caplog):
+    """A placement whose run raises past its fallbacks (found on GPT-2 training: a
+    refinement step's graph cut, whose eager fallback failed on a view) is dropped from
+    the measurement with a warning; the model's call never fails because of it."""
+    from arbiter.run.measured import MeasuredGraph
+
+    real = MeasuredGraph._prepare
+
+    def prepare(self, cand, args):
+        if cand.label == "only fast" or cand.label.startswith("refine:"):
+            raise RuntimeError("injected: view size is not compatible")
+        return real(self, cand, args)
+
+    monkeypatch.setattr(MeasuredGraph, "_prepare", prepare)
+    be = arbiter.Arbiter(_config(tmp_path))
+    x = torch.randn(4, 8)
+    with caplog.at_level("WARNING", logger="arbiter.run.measured"):
+        torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert out.chosen != "only fast" and not out.chosen.startswith("refine")
+    assert out.candidates_ms["only fast"] is None
+    assert any("only fast failed to run" in r.getMessage() for r in caplog.records)

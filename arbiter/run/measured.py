@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..cache import Cache, fingerprint
+from ..errors import describe
 from ..ops import is_getitem, is_mutating, op_name
 from ..plan.cost import load_table, node_us, plan_ms
 from ..plan.partition import Partition, Plan
@@ -241,7 +242,7 @@ class MeasuredGraph:
                 self._refine(args, start, per_part)
         log.info("%s: measured %s", self._label, ", ".join(
             f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
-            else f"{c.label} (refused: outside the accuracy tolerance)" if c.rejected
+            else f"{c.label} (refused: {c.rejected})" if c.rejected
             else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
         return per_part
 
@@ -268,7 +269,10 @@ class MeasuredGraph:
                            f"({cand.label}), {elapsed:.1f} s", elapsed)
             if cand.lowered and not self._accept(cand, args):
                 continue  # outside the tolerance: never timed, never chosen
-            self._prepare(cand, args)
+            if cand.label == PRIORITY:
+                self._prepare(cand, args)  # what policy priority runs: its failure is real
+            elif not self._tried(cand, lambda c=cand: self._prepare(c, args)):
+                continue
             ready.append(cand)
         self._rounds(ready, args, start, per_part, confident_stop=True)
 
@@ -486,7 +490,12 @@ class MeasuredGraph:
                     self.candidates.append(cand)
                     self._progress(f"{self._label}: refining ({cand.label}), {elapsed:.1f} s",
                                    elapsed)
-                    self._time(cand, args, start, per_part)
+                    if not self._tried(cand, lambda c=cand: self._time(c, args, start,
+                                                                      per_part)):
+                        misses += 1
+                        if patience and misses >= patience:
+                            return
+                        continue
                     if self._beats(cand, best, args, start, per_part):
                         best, prefer = cand, trial
                         misses = 0
@@ -512,6 +521,25 @@ class MeasuredGraph:
         self._samples[best.label] = []
         self._rounds([best, cand], args, start, per_part, confident_stop=False)
         return cand.measured_ms < best.measured_ms * (1 - margin)
+
+    def _tried(self, cand: Candidate, run: Callable[[], None]) -> bool:
+        """Run ``run`` (``cand``'s compile, warm-up and timing); if it raises, ``cand``
+        is out of the race (logged as a warning, never chosen) and the user's call goes on
+        with the other candidates: a placement that cannot run (a graph cut whose eager
+        fallback fails too, found on GPT-2 training with a refinement step) must not fail
+        the model. Candidates run the same functional graph on the same inputs many times
+        while timing, so a failed run leaves nothing to undo."""
+        try:
+            run()
+            return True
+        except Exception as exc:  # noqa: BLE001 - a candidate failing must not fail the user
+            log.warning("%s: candidate %s failed to run (%s); it is out of the measurement",
+                        self._label, cand.label, describe(exc))
+            log.debug("candidate failure detail", exc_info=True)
+            cand.eligible = False
+            cand.rejected = f"failed to run: {describe(exc)}"
+            self._ready.pop(cand.label, None)
+            return False
 
     def _time(self, cand: Candidate, args: list, start: float, per_part: dict) -> None:
         """One candidate on its own (a refinement step's first timing), beside the best
