@@ -3,6 +3,9 @@
     .venv/bin/python bench/zoo.py                                  # the full zoo (~35 min on 2 cores)
     .venv/bin/python bench/zoo.py --models mlp t5_small_encoder --rounds 3   # a smoke run
 
+A fresh arbiter cache directory is used for each run unless ``ARBITER_CACHE_DIR`` is set
+(the default cache would replay decisions and ONNX models of earlier runs).
+
 Models come from ``arbiter.cli.examples.ZOO`` (transformers configs, seeded random weights, so
 every process builds the same model and inputs; eval mode, batch 1, float32). Contenders:
 
@@ -407,6 +410,13 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ[ACCURACY_ENV] = repr(args.atol)
+    # A cold, private arbiter cache for this run (unless one is named): the default cache
+    # would replay decisions and ONNX models from earlier runs, other code or budgets.
+    if "ARBITER_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["ARBITER_CACHE_DIR"] = tempfile.mkdtemp(prefix="arbiter-zoo-cache-")
+    log(f"arbiter cache: {os.environ['ARBITER_CACHE_DIR']}")
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
