@@ -115,12 +115,15 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     return var, aten.mean.dim(x, dims, keepdim)
 
 
-def _attention_scores(query, key, is_causal, scale, attn_mask=None):
+def _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask=None):
     """S = q k^T * scale + attn_mask, -inf above the diagonal when causal (top-left
-    aligned, as the CPU flash kernel does); None where that does not apply (other than
-    4-d, grouped heads, not floating point, a mask of another dtype than the query's:
-    the kernel refuses those, SDPA turns a boolean mask into an additive one first)."""
+    aligned, as the CPU flash kernel does); None where that does not apply (dropout: the
+    op stays whole; other than 4-d, grouped heads, not floating point, a mask of another
+    dtype than the query's: the kernel refuses those, SDPA turns a boolean mask into an
+    additive one first)."""
     aten = torch.ops.aten
+    if dropout_p != 0.0:
+        return None
     if query.dim() != 4 or key.shape[1] != query.shape[1] or not query.is_floating_point():
         return None
     if attn_mask is not None and (attn_mask.dtype != query.dtype or attn_mask.dim() > 4):
@@ -146,21 +149,18 @@ def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, 
     (what SDPA hands the kernel), a row the mask leaves no key is the kernel's: output
     0, logsumexp 0. Without dropout only (else the op stays whole)."""
     aten = torch.ops.aten
-    if dropout_p != 0.0:
-        return NotImplemented
-    s = _attention_scores(query, key, is_causal, scale, attn_mask)
+    s = _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
     top = aten.max.dim(s, -1, True)[0]
-    if attn_mask is None:  # causal or not, every row keeps a key
-        lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
-            aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
-    else:
+    if attn_mask is not None:  # without one every row keeps a key, causal or not
         dead = aten.eq.Scalar(top, float("-inf"))
         zero = aten.zeros_like.default(top)
         top = aten.where.self(dead, zero, top)
-        lse = aten.where.self(dead, zero, aten.add.Tensor(aten.log.default(
-            aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top))
+    lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
+        aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
+    if attn_mask is not None:
+        lse = aten.where.self(dead, zero, lse)
     probs = aten.exp.default(aten.sub.Tensor(s, lse))
     return aten.matmul.default(probs, value), aten.view.default(lse, list(lse.shape[:-1]))
 
@@ -172,9 +172,7 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
     lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
     dK = dS^T Q * scale (no gradient for the mask, as the kernel)."""
     aten = torch.ops.aten
-    if dropout_p != 0.0:
-        return NotImplemented
-    s = _attention_scores(query, key, is_causal, scale, attn_mask)
+    s = _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
     scale = query.shape[-1] ** -0.5 if scale is None else scale
