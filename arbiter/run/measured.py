@@ -490,13 +490,9 @@ class MeasuredGraph:
                     self.candidates.append(cand)
                     self._progress(f"{self._label}: refining ({cand.label}), {elapsed:.1f} s",
                                    elapsed)
-                    if not self._tried(cand, lambda c=cand: self._time(c, args, start,
-                                                                      per_part)):
-                        misses += 1
-                        if patience and misses >= patience:
-                            return
-                        continue
-                    if self._beats(cand, best, args, start, per_part):
+                    ran = self._tried(cand, lambda c=cand: self._time(c, args, start,
+                                                                      per_part))
+                    if ran and self._beats(cand, best, args, start, per_part):
                         best, prefer = cand, trial
                         misses = 0
                         continue
