@@ -37,7 +37,7 @@ from .errors import ConfigError, warn_at_user_line
 from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
-from .plan.policy import get_policy, precision_candidates
+from .plan.policy import checked_candidates, get_policy
 from .plan.rules import graph_ops, names, unmatched_message
 from .registry import Backend, get_backend_class
 from .report import BackendStatus, GraphBreakReport, Report
@@ -48,7 +48,7 @@ from .run.dynamic import chain_labels, shape_chain
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
-from .run.measured import MeasuredGraph
+from .run.measured import EAGER_MARGIN, MeasuredGraph
 from .run.piece import Piece, PieceRecord
 from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
@@ -134,7 +134,7 @@ class Arbiter:
             decision_config=self.config.model_dump(mode="json", include={
                 "backends", "fallback", "min_block_size", "exclude_ops", "pin",
                 "decompositions", "freeze_weights", "manifests", "shapes", "accuracy",
-                "policy", "random"}))
+                "policy", "random", "against_eager"}))
         self._lowered_verify = None
         if self.config.accuracy is not None and not dry_run:
             self._add_variants()
@@ -271,24 +271,39 @@ class Arbiter:
                                                 for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
         cands, options = choice.candidates, self.config.measure
+        timed, margin = self.policy.measures, 0.0
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        if self.planner.variants:
-            # lower precision: inference graphs of static shapes only (docs/precision.md)
-            lowered_ok = kind == "inference" and not record.symbols
-            if not self.policy.measures and lowered_ok:
-                # a policy that does not time: its choice, or a lower-precision variant
-                # of priority's plan that is within the tolerance and measured faster
-                cands = precision_candidates(self.planner, gm, choice.plan,
-                                             choice.outcome.chosen)
-                options = options.model_copy(update={"refine": False})
-            elif not lowered_ok:
-                cands = [c for c in cands if not c.lowered]
-        if (self.policy.measures or self.planner.variants) and len(cands) > 1:
+        # lower precision: inference graphs of static shapes only (docs/precision.md)
+        lowered_ok = kind == "inference" and not record.symbols
+        if not lowered_ok:
+            cands = [c for c in cands if not c.lowered]
+        if not self.policy.measures and not self.dry_run:
+            # a policy that does not time: its choice, timed on the first call against a
+            # lower-precision variant of priority's plan that is within the tolerance
+            # (`accuracy`), and against eager ATen (`against_eager`)
+            variants = bool(self.planner.variants) and lowered_ok
+            eager = self.config.against_eager == "all" or (
+                self.config.against_eager == "training" and kind != "inference")
+            if variants or eager:
+                cands = checked_candidates(self.planner, gm, choice.plan,
+                                           choice.outcome.chosen, variants=variants,
+                                           eager=eager)
+                options = options.model_copy(update={"refine": False, "mix": False})
+                timed, margin = True, EAGER_MARGIN if eager else 0.0
+                choice.outcome.against_eager = eager and len(cands) > 1
+        if timed and len(cands) > 1:
+            def install(p: Plan, r: dict[int, PieceRecord]) -> None:
+                self._install(record, p, r)
+                # the placements not chosen: their pieces (compiled sessions) go with them
+                keep = set(map(id, r.values()))
+                for key in [k for k, (_, piece) in pieces.items()
+                            if id(piece.record) not in keep]:
+                    del pieces[key]
+
             fn = MeasuredGraph(self.planner, options, self.cache, gm, constants,
-                               cands, record, label, lambda c: build(c.plan),
-                               lambda p, r: self._install(record, p, r),
-                               accuracy=self.config.accuracy)
+                               cands, record, label, lambda c: build(c.plan), install,
+                               accuracy=self.config.accuracy, margin=margin)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn

@@ -224,6 +224,15 @@ class Config(BaseModel):
                                 "policy registered with `@register_policy`")
     measure: MeasureOptions = Field(default_factory=MeasureOptions,
                                     description="how policy `measure` times candidates")
+    against_eager: Literal["off", "training", "all"] = Field(
+        "training", description="a policy that does not measure (`priority`, `cost`) has "
+        "its plan timed against eager ATen on the graph's first call (interleaved rounds, "
+        "as `measure` times, with its `repeats`, `warmup` and `time_budget_s`); the graph "
+        "runs in eager when eager is faster than the plan by more than 3%, and the report "
+        "gives both times. `training`: forward and backward graphs (on this project's CPU "
+        "measurements, backward graphs were slower on compiled backends than eager's "
+        "kernels: docs/policies.md); `all`: inference graphs too; `off`: the plan runs "
+        "untimed. Policy `measure` always has eager among its candidates")
     cache: CacheOptions = Field(default_factory=CacheOptions,
                                 description="the persistent cache of decisions and artifacts")
     verify: VerifyOptions = Field(default_factory=VerifyOptions,

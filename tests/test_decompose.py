@@ -69,7 +69,8 @@ def test_the_backend_that_asked_gets_the_node_decomposed(fresh_dynamo):
     """ONNX Runtime's manifest decomposes tanh_backward: its backward partition gets
     the decomposition (no tanh_backward), the plan keeps the node whole."""
     torch.manual_seed(0)
-    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
     seen = _spy(be, "onnxruntime")
     _train(TanhMLP(), (torch.randn(4, 8),), be)
     backward = [g for g in be.graphs if g.kind == "backward"][0]
@@ -94,7 +95,8 @@ def test_a_fallback_gets_the_partition_as_planned(fresh_dynamo):
     """ONNX Runtime fails to compile: the next backend gets the backward partition with
     tanh_backward whole (the decomposition was ONNX Runtime's alone)."""
     torch.manual_seed(0)
-    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
     _spy(be, "onnxruntime", fail=True)
     seen = _spy(be, "inductor")
     _train(TanhMLP(), (torch.randn(4, 8),), be)
@@ -113,6 +115,7 @@ def test_a_decomposition_the_backend_cannot_run_is_refused_with_why(tmp_path, fr
     path = tmp_path / "ort.yaml"
     path.write_text(yaml.safe_dump(doc))
     be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off",
                           "manifests": {"onnxruntime": str(path)}})
     torch.manual_seed(0)
     _train(TanhMLP(), (torch.randn(4, 8),), be)
@@ -177,7 +180,8 @@ def test_grouped_and_transposed_convolution_training_on_onnx_runtime(fresh_dynam
         nn.Conv2d(4, 8, 3, groups=2), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8, padding=1),
         nn.ReLU(), nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1),
         nn.ReLU(), nn.ConvTranspose2d(6, 6, 3, stride=2, groups=3, dilation=2))
-    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
     _train(model, (torch.randn(2, 4, 9, 9),), be)
     backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"][0]
     assert [(p.backend, bool(p.fallbacks)) for p in backward.partitions] == \
@@ -260,7 +264,7 @@ def test_training_batch_norm_on_a_backend_with_batch_statistics(first, fresh_dyn
     model.train()
     ref = copy.deepcopy(model)
     backends = ["onnxruntime", "inductor"] if first == "onnxruntime" else ["inductor"]
-    be = arbiter.Arbiter({"backends": backends, "min_block_size": 3})
+    be = arbiter.Arbiter({"backends": backends, "min_block_size": 3, "against_eager": "off"})
     compiled = torch.compile(model, backend=be)
     for step in range(3):
         x = torch.randn(4, 3, 10, 10) * (step + 1) + step  # statistics that move
@@ -390,7 +394,8 @@ def test_masked_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
     torch.manual_seed(0)
     keep = torch.ones(2, 16, dtype=torch.bool)
     keep[0, 11:] = False  # padding
-    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
     _train(MaskedAttention(causal), (torch.randn(2, 16, 32), keep), be)
     report = be.report(advice=False)
     assert {g.kind for g in report.graphs} == {"forward", "backward"}
@@ -405,7 +410,8 @@ def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
     no run-time fallback (was: "Got invalid dimensions for output: getitem_1", then
     Inductor), gradients equal eager's."""
     torch.manual_seed(0)
-    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
     _train(Attention(causal), (torch.randn(2, 16, 32),), be)
     report = be.report(advice=False)
     for g in report.graphs:

@@ -174,7 +174,8 @@ def test_mlp_training_bit_equal_and_forward_whole(make_backend, fresh_dynamo):
     torch.manual_seed(0)
     model, x = MLP(), (torch.randn(16, 32),)
     ref = copy.deepcopy(model)
-    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1,
+                          "against_eager": "off"})
     got = _train(model, x, 3, torch.compile(model, backend=be))
     _assert_bit_equal_steps(got, _train(ref, x, 3))
     fwd = _partitions(be, "forward")
@@ -282,7 +283,8 @@ def test_transformers_training_bit_equal(build, make_backend, fresh_dynamo):
     model, x = build()
     model.train()
     ref = copy.deepcopy(model)
-    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1,
+                          "against_eager": "off"})
     _assert_bit_equal_steps(_train(model, x, 2, torch.compile(model, backend=be)),
                             _train(ref, x, 2))
     fwd = _partitions(be, "forward")

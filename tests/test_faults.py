@@ -119,7 +119,8 @@ def test_fault_in_training_backward(make_backend, fresh_dynamo):
     ops = OPS + ["aten.threshold_backward.default", "aten.le.Scalar",
                  "aten.where.self", "aten.scalar_tensor.default"]
     make_backend("b0", ops, compile=FAULTS["wrong_dtype"][0])
-    be = arbiter.Arbiter({"backends": ["b0"], "min_block_size": 1})
+    # the fault machinery, not the timing against eager (which may install eager)
+    be = arbiter.Arbiter({"backends": ["b0"], "min_block_size": 1, "against_eager": "off"})
     x = torch.randn(4, 4, requires_grad=True)
     xr = x.detach().clone().requires_grad_()
     torch.compile(f, backend=be)(x).sum().backward()

@@ -85,6 +85,13 @@ class PolicyOutcome:
     broadcast: str = ""
     rank: Optional[int] = None  # with `broadcast`: this process's rank
     world_size: Optional[int] = None  # with `broadcast`: the process group's size
+    # config `against_eager`: this policy's plan was timed against eager ATen on the
+    # first call (eager runs the graph when faster by more than its margin)
+    against_eager: bool = False
+    # candidates not installed whose partitions fell back while timed (a backend that
+    # failed there must show, whichever placement won): label -> "partition N: a -> b
+    # (stage: reason)"
+    fallbacks: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,13 +110,19 @@ def candidates(planner: Planner, gm: torch.fx.GraphModule) -> list[Candidate]:
         if backend.inline_aten or name in planner.unavailable or name == fallback.name:
             continue
         plans.append((ONLY + name, planner.plan(gm, planner.table_for([backend, fallback]))))
-    # The fallback alone (eager) is a single-backend placement too, and the fastest on
-    # tiny graphs where every compiled backend's per-call cost dominates (seed MLP). No
-    # excludes or pins apply to it: there is nothing else to pin to.
-    alone = CapabilityTable([fallback])
-    plans.append((ONLY + fallback.name, planner.plan(gm, alone)))
+    plans.append(fallback_plan(planner, gm))
     plans += variant_plans(planner, gm, only=True)
     return _unique(planner, plans)
+
+
+def fallback_plan(planner: Planner, gm: torch.fx.GraphModule) -> tuple[str, Plan]:
+    """``only <fallback>``: the whole graph on the chain's last backend (eager ATen). It
+    is a single-backend placement too, and the fastest on tiny graphs where every compiled
+    backend's per-call cost dominates (seed MLP), and on backward graphs whose gradient
+    kernels eager runs faster (config `against_eager`). No excludes or pins apply to it:
+    there is nothing else to pin to."""
+    fallback = planner.backends[list(planner.backends)[-1]]
+    return ONLY + fallback.name, planner.plan(gm, CapabilityTable([fallback]))
 
 
 def variant_plans(planner: Planner, gm: torch.fx.GraphModule,
@@ -125,12 +138,20 @@ def variant_plans(planner: Planner, gm: torch.fx.GraphModule,
     return out
 
 
-def precision_candidates(planner: Planner, gm: torch.fx.GraphModule, plan: Plan,
-                         label: str = PRIORITY) -> list[Candidate]:
-    """A policy that does not measure, under `accuracy`: its ``plan`` and the priority
-    plan with each lower-precision variant in its backend's place, to be verified and
-    timed on the first call (docs/precision.md)."""
-    return _unique(planner, [(label or PRIORITY, plan)] + variant_plans(planner, gm, False))
+def checked_candidates(planner: Planner, gm: torch.fx.GraphModule, plan: Plan,
+                       label: str = PRIORITY, variants: bool = False,
+                       eager: bool = False) -> list[Candidate]:
+    """What a policy that does not measure has timed on the first call beside its own
+    ``plan`` (first): with ``variants`` (config `accuracy`), the priority plan with each
+    lower-precision variant in its backend's place, verified before it is timed
+    (docs/precision.md); with ``eager`` (config `against_eager`), the whole graph in
+    eager ATen (``fallback_plan``)."""
+    plans = [(label or PRIORITY, plan)]
+    if variants:
+        plans += variant_plans(planner, gm, False)
+    if eager:
+        plans.append(fallback_plan(planner, gm))
+    return _unique(planner, plans)
 
 
 def _unique(planner: Planner, plans: list[tuple[str, Plan]]) -> list[Candidate]:

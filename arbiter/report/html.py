@@ -204,11 +204,16 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
            f"<h3>graph {g.graph_id} ({_e(g.kind)}{', ' + _e(g.model) if g.model else ''}): "
            f"{g.nodes} nodes, {len(g.partitions)} partitions, policy {_e(g.policy)}</h3>"]
     if g.chosen or g.candidates_ms or g.estimates_ms:
-        out.append(f"<p>policy {_e(g.policy)}: chose {_e(g.chosen or '-')}; measured: " +
+        out.append(f"<p>policy {_e(g.policy)}"
+                   f"{', timed against eager' if g.against_eager else ''}: "
+                   f"chose {_e(g.chosen or '-')}; measured: " +
                    _e(", ".join(f"{k} {v:.3f} ms" if v is not None else f"{k} -"
                                 for k, v in g.candidates_ms.items()) or "-") +
                    "; estimated: " + _e(", ".join(f"{k} {v:.3f} ms" for k, v in
                                                   g.estimates_ms.items()) or "-") + "</p>")
+    for label, lines in g.candidate_fallbacks.items():
+        out.append(f"<p>not chosen, fell back while timed: {_e(label)}: "
+                   f"{_e('; '.join(lines))}</p>")
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]

@@ -224,7 +224,15 @@ class GraphReport(BaseModel):
                                     description="the config's pins and excludes in this graph")
     patterns: list[PatternReport] = Field(default_factory=list,
                                           description="pattern matches and who took them")
-    chosen: str = Field("", description="policies cost/measure: the placement chosen")
+    chosen: str = Field("", description="policies cost/measure, or a plan timed against "
+                        "eager (`against_eager`): the placement chosen")
+    candidate_fallbacks: dict[str, list[str]] = Field(
+        default_factory=dict, description="timed placements not chosen whose partitions "
+        "fell back while timed (a backend failed there): placement -> what fell back")
+    against_eager: bool = Field(False, description="config `against_eager`: the policy's "
+                                "plan was timed against eager ATen on the first call, and "
+                                "`chosen` says which ran (`only eager`: eager was faster "
+                                "by more than 3%)")
     candidates_ms: dict[str, Optional[float]] = Field(
         default_factory=dict, description="policy measure: placement -> measured ms "
                                           "(null: not measured)")

@@ -243,10 +243,14 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
                       + ("apart from the rest" if g.measure_confident
                          else "not apart from the rest (a close call)"))
         est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
-        yield Line(f"  policy {g.policy}: chose {g.chosen or '-'}" +
+        yield Line(f"  policy {g.policy}" +
+                   (", timed against eager" if g.against_eager else "") +
+                   f": chose {g.chosen or '-'}" +
                    (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
                    (f"; measured: {cands}" if cands else "") +
                    (f"; estimated: {est}" if est else ""))
+    for label, lines in g.candidate_fallbacks.items():
+        yield Line(f"  not chosen, fell back while timed: {label}: " + "; ".join(lines))
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]

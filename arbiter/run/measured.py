@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0
 #: A refinement step is kept only when it beats the best so far by more than this.
 REFINE_MARGIN = 0.03
+#: Config `against_eager`: eager replaces a policy's plan only when faster by more than this.
+EAGER_MARGIN = 0.03
 #: From the third timing round, a candidate whose fastest sample is this many times the
 #: fastest candidate's slowest is not timed again.
 FAR_BEHIND = 1.5
@@ -84,12 +86,15 @@ class MeasuredGraph:
                  record: GraphRecord, label: str,
                  build: Callable[[Candidate], tuple[Callable, dict]],
                  install: Callable[[Plan, dict[int, PieceRecord]], None],
-                 accuracy: Any = None):
+                 accuracy: Any = None, margin: float = 0.0):
         """``options``: the config's ``measure`` options; ``build(candidate)`` -> (its
         stitched callable, partition id -> piece record), sharing pieces between
         candidates; ``install(plan, records)`` puts the chosen plan on the graph's record;
         ``accuracy``: the config's tolerance (rtol, atol) for lower-precision candidates
-        (``Candidate.lowered``), which are run first against eager (``_accept``)."""
+        (``Candidate.lowered``), which are run first against eager (``_accept``);
+        ``margin``: the first candidate (a policy's own plan, timed against eager: config
+        `against_eager`) gives way only to one measured faster by more than this
+        fraction, so that noise does not move a graph off its policy's plan."""
         self._planner = planner
         self._opts = options
         self._cache = cache
@@ -112,6 +117,7 @@ class MeasuredGraph:
         self._tolerance = None if accuracy is None else (float(accuracy.rtol),
                                                          float(accuracy.atol))
         self._reference: Optional[list] = None  # float32 eager's outputs on the first call
+        self._margin = margin
         self.__name__ = f"measured_{label}"
 
     def __call__(self, *args: Any) -> Any:
@@ -199,7 +205,7 @@ class MeasuredGraph:
                 log.warning("%s: cached decision %r names no candidate of this graph; "
                             "measuring again", self._label, hit.get("label"))
         per_part = self._measure(args)
-        chosen = self._pick()
+        chosen = self._held(self._pick())
         self._install(chosen, per_part)
         if cache is not None and key is not None:
             cache.put_json("decision", key, self._decision(chosen))
@@ -804,6 +810,31 @@ class MeasuredGraph:
 
         return min(enumerate(pool), key=score)[1]
 
+    def _fallbacks(self, installed: Callable) -> dict[str, list[str]]:
+        """The other candidates' partitions that fell back while timed (those the
+        installed placement shares are in its own records): label -> lines."""
+        mine = set(map(id, _pieces(installed)))
+        out: dict[str, list[str]] = {}
+        for label, (_, pieces, _) in self._ready.items():
+            lines = [f"partition {p.record.partition_id}: {f.from_backend} -> "
+                     f"{f.to_backend} ({f.stage}: {f.reason})"
+                     for p in pieces if id(p) not in mine for f in p.record.fallbacks]
+            if lines:
+                out[label] = lines
+        return out
+
+    def _held(self, chosen: Candidate) -> Candidate:
+        """``chosen``, or with a ``margin`` the first candidate (the policy's own plan)
+        unless ``chosen`` was measured faster than it by more than the margin."""
+        first = self.candidates[0]
+        if not self._margin or chosen is first or first.measured_ms is None \
+                or not first.eligible or first.rejected:
+            return chosen
+        if chosen.measured_ms is not None \
+                and chosen.measured_ms < first.measured_ms * (1 - self._margin):
+            return chosen
+        return first
+
     def _install(self, chosen: Candidate, per_part: dict) -> None:
         fn, records = self._build(chosen)
         plan = chosen.plan
@@ -828,10 +859,13 @@ class MeasuredGraph:
                               if c.lowered and c.error is not None}
             outcome.rejected = {c.label: c.rejected for c in self.candidates if c.rejected}
         outcome.chosen = chosen.label
+        outcome.fallbacks = self._fallbacks(fn)
+        self._ready.clear()  # the others' pieces are freed with them (the installed's stay)
         self._install_plan(plan, records)
         self.chosen = chosen
         self._fn = fn
-        log.info("%s: policy measure chose %s%s", self._label, chosen.label,
+        log.info("%s: policy %s%s chose %s%s", self._label, outcome.policy,
+                 " (timed against eager)" if outcome.against_eager else "", chosen.label,
                  f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
 
 
