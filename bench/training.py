@@ -1,6 +1,9 @@
 """One training step (forward, backward, optimizer step) of three small models: eager,
-Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs, and
-`arbiter:measure` (the default config's backends under policy `measure`).
+Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs, and the
+default config with one key changed (``OVER_DEFAULT``): `arbiter:measure` (policy
+`measure`), `arbiter:untimed` (`against_eager: off`: the priority plan untimed, as the
+default was before) and `arbiter:random_backend` (`random: backend`: dropout drawn by a
+backend, so its first loss differs from eager's by the draws).
 
 Models (train mode: dropout on, batch norm with batch statistics; random weights):
   bert    transformers' BertModel, hidden 256, 4 layers, 4 heads, seq 128, batch 8
@@ -15,7 +18,8 @@ The first step's loss is checked against eager's (same seed, dropout aside: drop
 draws are eager's in every variant but Inductor's, so only arbiter's must match).
 
     .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5]
-        [--variants eager inductor arbiter:default arbiter:cpu_all arbiter:measure]
+        [--variants eager inductor arbiter:default arbiter:untimed arbiter:cpu_all
+                    arbiter:measure arbiter:random_backend]
 """
 from __future__ import annotations
 
@@ -29,7 +33,11 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:cpu_all", "arbiter:measure"]
+VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:untimed", "arbiter:cpu_all",
+            "arbiter:measure", "arbiter:random_backend"]
+#: arbiter variants that are the default config with these keys replaced
+OVER_DEFAULT = {"measure": {"policy": "measure"}, "untimed": {"against_eager": "off"},
+                "random_backend": {"random": "backend"}}
 MODELS = ["bert", "gpt2", "resnet18"]
 
 
@@ -79,13 +87,13 @@ def one(name: str, variant: str, steps: int) -> dict:
         import arbiter
 
         config = variant.split(":", 1)[1]
-        if config == "measure":  # the default config's backends, policy measure
+        if config in OVER_DEFAULT:
             import yaml
 
             from arbiter.config import shipped_configs
 
             data = yaml.safe_load(shipped_configs()["default"].read_text())
-            config = {**data, "policy": "measure"}
+            config = {**data, **OVER_DEFAULT[config]}
         fn = torch.compile(model, backend=arbiter.Arbiter(config))
     else:
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")

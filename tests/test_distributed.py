@@ -77,10 +77,13 @@ def _fail_tanh_compiles(also_inductor: bool) -> None:
 
 
 def _arbiter(policy: str):
+    """``policy``, or ``policy/against_eager`` (``priority/off``: the plan untimed)."""
     import arbiter
 
+    name, _, against = policy.partition("/")
     return arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
-                            "policy": policy, "measure": MEASURE,
+                            "policy": name, "measure": MEASURE,
+                            "against_eager": against or "training",
                             "cache": {"enabled": False}})
 
 
@@ -157,8 +160,10 @@ def _ddp_rank(rank: int, store: str, out_dir: str, policy: str, fail_rank: int) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["priority", "measure"])
+@pytest.mark.parametrize("policy", ["priority", "priority/off", "measure"])
 def test_ddp_gradients_equal_eager_ddp_and_ranks_agree(policy, tmp_path):
+    """Under `measure`, and `priority` timed against eager (the default), rank 0 decides
+    and broadcasts; `priority` untimed decides from the graph alone, on every rank."""
     results = _spawn(_ddp_rank, tmp_path, policy, -1)
     for r in results:
         assert r["worst"] < 1e-5, r
@@ -167,7 +172,7 @@ def test_ddp_gradients_equal_eager_ddp_and_ranks_agree(policy, tmp_path):
         assert not r["fallbacks"], r["fallbacks"]
     assert results[0]["placements"] == results[1]["placements"]
     assert results[0]["params"] == results[1]["params"]  # the ranks stay in step
-    if policy == "measure":
+    if policy != "priority/off":
         assert results[0]["broadcast"] == ["rank 0: broadcast"]
         assert results[1]["broadcast"] == ["from rank 0"]
     else:
