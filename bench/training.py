@@ -94,7 +94,8 @@ def one(name: str, variant: str, steps: int) -> dict:
 
             data = yaml.safe_load(shipped_configs()["default"].read_text())
             config = {**data, **OVER_DEFAULT[config]}
-        fn = torch.compile(model, backend=arbiter.Arbiter(config))
+        be = arbiter.Arbiter(config)
+        fn = torch.compile(model, backend=be)
     else:
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -115,7 +116,14 @@ def one(name: str, variant: str, steps: int) -> dict:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return {"model": name, "variant": variant, "first_s": first,
+    ran = ""
+    if variant.startswith("arbiter:"):  # what ran where: kind -> backends (timed choice)
+        ran = "; ".join(
+            f"{g.kind}: {'+'.join(sorted({p.backend for p in g.partitions}))}"
+            + (f" ({g.chosen} {', '.join(f'{k} {v:.0f} ms' for k, v in g.candidates_ms.items() if v is not None)})"
+               if g.chosen else "")
+            for g in be.report(advice=False).graphs)
+    return {"model": name, "variant": variant, "first_s": first, "ran": ran,
             "step_ms": statistics.median(times) * 1e3,
             "step_spread_ms": [min(times) * 1e3, max(times) * 1e3],
             "first_loss": first_loss,
@@ -158,6 +166,9 @@ def main() -> int:
             print(f"| {name} | {variant} | {r['first_s']:.1f} | {r['step_ms']:.1f} "
                   f"[{r['step_spread_ms'][0]:.1f}-{r['step_spread_ms'][1]:.1f}] | {ratio} | "
                   f"{r['peak_rss_mb']:.0f} | {r['first_loss']:.6f} |", flush=True)
+        for variant, r in rows.items():
+            if r.get("ran"):
+                print(f"  {name} {variant}: {r['ran']}", flush=True)
     print(f"load average at end: {os.getloadavg()}", flush=True)
     return 0
 
