@@ -1,0 +1,52 @@
+"""A partition's outputs reach the nodes after it in the layout they were traced with.
+
+Found on GPT-2 training (issue 17): Inductor returned a ``cat`` of one non-empty tensor
+in that tensor's transposed layout where eager (and the trace) made it contiguous; the
+``view`` after it failed in every backend of the next partition's chain, eager's
+included ("view size is not compatible"), and the user's call raised."""
+from __future__ import annotations
+
+import torch
+
+import arbiter
+
+
+def _column_major(self, gm, example_inputs):
+    """A backend computing the right values, each 2-d output in column-major layout (a
+    layout choice real backends make)."""
+    def run(*args):
+        return [o.t().contiguous().t() if isinstance(o, torch.Tensor) and o.dim() == 2
+                else o for o in gm(*args)]
+    return run
+
+
+def f(x):
+    # mul: the backend; view (needs the traced, contiguous layout) and add: eager
+    return (x * 2).view(-1) + 1
+
+
+def test_output_in_another_layout_is_restrided_for_eager_after_it(make_backend,
+                                                                   fresh_dynamo):
+    make_backend("colmajor", ["aten.mul.Tensor"], compile=_column_major)
+    be = arbiter.Arbiter({"backends": ["colmajor"], "min_block_size": 1})
+    compiled = torch.compile(f, backend=be)
+    for seed in range(3):  # the first calls learn the layout, later ones keep restriding
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(compiled(x), f(x))
+    (part,) = [p for p in be.report().graphs[0].partitions if not p.inline]
+    assert (part.backend, part.fallbacks) == ("colmajor", [])
+    assert part.restride_copies == 3
+
+
+def test_symbolic_output_in_another_layout_is_restrided(make_backend, fresh_dynamo):
+    # the same with dynamic shapes (arbiter/run/dynamic.py's OutputCheck)
+    make_backend("colmajor", ["aten.mul.Tensor"], compile=_column_major, dynamic=True)
+    be = arbiter.Arbiter({"backends": ["colmajor"], "min_block_size": 1})
+    compiled = torch.compile(f, backend=be, dynamic=True)
+    for n in (4, 7):
+        x = torch.randn(n, 6)
+        torch.testing.assert_close(compiled(x), f(x))
+    parts = [p for g in be.report().graphs for p in g.partitions if not p.inline]
+    assert [(p.backend, p.shapes, p.fallbacks) for p in parts] == \
+        [("colmajor", "symbolic", [])]
+    assert parts[0].restride_copies >= 2
