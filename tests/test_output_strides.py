@@ -50,3 +50,27 @@ def test_symbolic_output_in_another_layout_is_restrided(make_backend, fresh_dyna
     assert [(p.backend, p.shapes, p.fallbacks) for p in parts] == \
         [("colmajor", "symbolic", [])]
     assert parts[0].restride_copies >= 2
+
+
+def attention_keys(x):
+    # GPT-2's first attention step in training (transformers' DynamicCache): an empty
+    # key cache concatenated with the keys, a transposed slice of the fused QKV output;
+    # eager's cat is contiguous, and the matmul's view after it relies on that
+    keys = x[:, :, 4:8].view(2, 3, 2, 2).transpose(1, 2)
+    cache = torch.cat([torch.tensor([]), keys], -2)
+    return cache.view(4, 3, 2) * 2
+
+
+def test_inductor_compiles_a_cat_of_one_tensor_in_eagers_layout(fresh_dynamo):
+    """Before: Inductor's decomposition kept the transposed layout and its own trace of
+    the view failed ("Cannot view a tensor with shape [2, 2, 3, 2] and strides ..."):
+    the partition fell back to eager (GPT-2's whole training forward did)."""
+    be = arbiter.Arbiter({"backends": ["inductor"], "min_block_size": 1})
+    compiled = torch.compile(attention_keys, backend=be)
+    for seed in range(2):
+        x = torch.randn(2, 3, 12, generator=torch.Generator().manual_seed(seed))
+        got, want = compiled(x), attention_keys(x)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    parts = [p for p in be.report().graphs[0].partitions if not p.inline]
+    assert [(p.backend, p.fallbacks) for p in parts] == [("inductor", [])]
