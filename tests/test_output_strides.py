@@ -1,9 +1,9 @@
 """A partition's outputs reach the nodes after it in the layout they were traced with.
 
-Found on GPT-2 training (issue 17): Inductor returned a ``cat`` of one non-empty tensor
-in that tensor's transposed layout where eager (and the trace) made it contiguous; the
-``view`` after it failed in every backend of the next partition's chain, eager's
-included ("view size is not compatible"), and the user's call raised."""
+Found on GPT-2 training (issue 17): a partition received a ``cat`` of one non-empty
+tensor in that tensor's transposed order (Inductor's decomposition of it) where eager
+and the trace made it contiguous; the ``view`` after it failed in every backend of the
+chain, eager's included ("view size is not compatible")."""
 from __future__ import annotations
 
 import torch

@@ -394,9 +394,9 @@ class Piece:
         """Add to ``_restride`` (for the backend at ``level``) the outputs it returned in
         another layout than the traced one. The nodes after this partition were traced
         against eager's layout, and a ``view`` among them fails on another (an eager
-        fallback raised "view size is not compatible" on GPT-2 training: Inductor's
-        ``cat`` of one non-empty tensor returned it in the input's transposed layout,
-        traced contiguous). A compiled artifact's output layouts are fixed by its input
+        fallback raised "view size is not compatible" on GPT-2 training: it received a
+        key cache traced contiguous in the transposed order of Inductor's decomposition
+        of a one-tensor ``cat``; docs/robustness.md). A compiled artifact's output layouts are fixed by its input
         layouts, themselves the traced ones, so the first calls decide; the steady state
         checks only the outputs found here."""
         seen = {k for k, _, _ in self._restride}
