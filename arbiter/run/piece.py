@@ -396,9 +396,9 @@ class Piece:
         against eager's layout, and a ``view`` among them fails on another (an eager
         fallback raised "view size is not compatible" on GPT-2 training: it received a
         key cache traced contiguous in the transposed order of Inductor's decomposition
-        of a one-tensor ``cat``; docs/robustness.md). A compiled artifact's output layouts are fixed by its input
-        layouts, themselves the traced ones, so the first calls decide; the steady state
-        checks only the outputs found here."""
+        of a one-tensor ``cat``; docs/robustness.md). A compiled artifact's output
+        layouts are fixed by its input layouts, themselves the traced ones, so the first
+        calls decide; the steady state checks only the outputs found here."""
         seen = {k for k, _, _ in self._restride}
         found = [(k, size, stride) for k, size, stride in self._layouts if k not in seen
                  and isinstance(out[k], torch.Tensor)
