@@ -199,6 +199,7 @@ class Inductor(ExactNonfinite, Backend):
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
+        gm = cat_of_one_as_clone(gm)
         # symbolic: the graph's fake inputs, so the kernels take sizes as arguments
         example = input_values(gm) if graph_is_symbolic(gm) else list(example_inputs)
         if self.options.autocast is not None:
@@ -270,6 +271,60 @@ class Inductor(ExactNonfinite, Backend):
 
 
 _AUTOCAST = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def cat_of_one_as_clone(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm``, or a copy whose ``aten.cat`` nodes that concatenate one tensor with only
+    legacy empty ones (shape ``(0,)``, or size 0 on the cat dimension) and were traced
+    contiguous are ``aten.clone(x, memory_format=torch.contiguous_format)``.
+
+    Eager's ``cat`` returns such a tensor contiguous (a non-dense input: GPT-2's first
+    attention step concatenates an empty key cache and a transposed slice of the fused
+    QKV projection); Inductor's decomposition of it is ``x.clone()``, which keeps ``x``'s
+    transposed layout, so the ``view`` traced after it fails inside Inductor's own trace
+    ("Cannot view a tensor with shape ... and strides ...": Inductor did not compile
+    GPT-2's training forward at all) and, where the cat is a partition's output, the
+    nodes after the partition got that layout (issue 17). The clone asks for eager's
+    layout; values and dtype are the same (a dtype promotion is left to Inductor)."""
+    def is_empty(v: Any, dim: int) -> bool:
+        shape = tuple(v.shape)
+        if len(shape) == 1 and isinstance(shape[0], int) and shape[0] == 0:
+            return True
+        return dim < len(shape) and isinstance(shape[dim], int) and shape[dim] == 0
+
+    found = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not torch.ops.aten.cat.default:
+            continue
+        out = n.meta.get("val")
+        parts = n.args[0] if n.args else n.kwargs.get("tensors", ())
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in parts]
+        if not isinstance(out, torch.Tensor) or not all(isinstance(v, torch.Tensor)
+                                                       for v in vals):
+            continue
+        dim = dim + out.dim() if dim < 0 else dim
+        kept = [a for a, v in zip(parts, vals) if not is_empty(v, dim)]
+        if len(kept) == 1 and len(parts) > 1 and kept[0].meta["val"].dtype == out.dtype \
+                and out.is_contiguous():
+            found.append((n, kept[0]))
+    if not found:
+        return gm
+    graph = torch.fx.Graph()  # a copy: the next backends and eager get gm as it is
+    env: dict = {}
+    for n in gm.graph.nodes:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    for n, x in found:
+        old = env[n]
+        with graph.inserting_before(old):
+            new = graph.call_function(torch.ops.aten.clone.default, (env[x],),
+                                      {"memory_format": torch.contiguous_format})
+        new.meta = dict(old.meta)
+        old.replace_all_uses_with(new)
+        graph.erase_node(old)
+    graph.lint()
+    log.debug("inductor: %d cat(s) of one tensor compiled as contiguous clones", len(found))
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
 def autocast_graph(gm: torch.fx.GraphModule, example: list,

@@ -147,11 +147,13 @@ class Checked:
 
 class OutputCheck:
     """What a symbolic partition's outputs must be at a call, from its traced metadata:
-    each tensor's shape (a mismatch raises ShapeError), and, for outputs eager produces
-    with another layout than a contiguous one (a transpose), that layout: a backend's
-    contiguous result is copied into it once (``record.restride_copies``), as
-    ``run.piece`` does for static partitions, since later views were traced against it.
-    Generated code over the input sizes: a few microseconds a call."""
+    each tensor's shape (a mismatch raises ShapeError), and its traced layout: for
+    outputs eager produces with another layout than a contiguous one (a transpose), a
+    backend's contiguous result is copied into it once (``record.restride_copies``), as
+    ``run.piece`` does for static partitions, since later views were traced against it;
+    an output traced contiguous that a backend returns otherwise (Inductor's ``cat`` of
+    one tensor, in that tensor's layout) is made contiguous. Generated code over the
+    input sizes: a few microseconds a call."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         import sympy
@@ -191,16 +193,20 @@ class OutputCheck:
             if tuple(o.shape) != size:
                 raise ShapeError(f"{R}: output {k} has shape {tuple(o.shape)}, the symbols "
                                  f"give {size}")
+            t = None
             if odd:
                 stride = values[start + rank:start + 2 * rank]
                 if any(n > 1 and a != b for n, a, b in zip(size, o.stride(), stride)) and \
                         not any(st == 0 and n > 1 for n, st in zip(size, stride)):
                     t = torch.empty_strided(size, stride, dtype=o.dtype, device=o.device)
                     t.copy_(o)
-                    fixed = list(out) if fixed is None else fixed
-                    fixed[k] = t
-                    if self.record is not None:
-                        self.record.restride_copies += 1
+            elif o.layout == torch.strided and not o.is_contiguous():
+                t = o.contiguous()  # traced contiguous, returned in another layout
+            if t is not None:
+                fixed = list(out) if fixed is None else fixed
+                fixed[k] = t
+                if self.record is not None:
+                    self.record.restride_copies += 1
         return out if fixed is None else fixed
 
 

@@ -210,6 +210,12 @@ def _evict(loaded: Sequence[tuple], why: str) -> None:
 
 def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple]]:
     """(index, size, stride) of outputs whose traced strides are not contiguous ones."""
+    return [o for o in _traced_layouts(gm) if o[3]]
+
+
+def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple, bool]]:
+    """(index, size, stride, not contiguous) of every output whose traced layout a copy
+    can restore: static sizes and strides, more than one element, not expanded."""
     found = []
     for k, val in enumerate(output_values(gm) or ()):
         if not isinstance(val, torch.Tensor):
@@ -222,8 +228,8 @@ def _non_contiguous_outputs(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, 
             # An expanded (overlapping) layout cannot be written by a copy; the backend's
             # dense result holds the same values and any view of it is valid.
             continue
-        if val.numel() > 1 and _strides_matter(size, stride, contiguous):
-            found.append((k, size, stride))
+        if val.numel() > 1:
+            found.append((k, size, stride, _strides_matter(size, stride, contiguous)))
     return found
 
 
@@ -263,7 +269,14 @@ class Piece:
         self.__qualname__ = self.__name__
         self.__module__ = __name__
         self._label = graph_label
-        self._restride = _non_contiguous_outputs(gm)
+        # outputs whose layout a later view may need: every call restrides those traced
+        # non-contiguous; the others are compared on the first calls of each backend and
+        # join ``_restride`` for it if it returns another layout (``_learn_layouts``)
+        layouts = _traced_layouts(gm)
+        self._layouts = [(k, size, stride) for k, size, stride, _ in layouts]
+        self._restride_traced = [(k, size, stride) for k, size, stride, odd in layouts
+                                 if odd]
+        self._restride = list(self._restride_traced)
         self._specs = output_specs(gm)
         self._verify_cfg = verify
         self._lowered_cfg = lowered_verify
@@ -346,6 +359,8 @@ class Piece:
                         _restore(args, before)
                     self._demote_from(level, "run", f"wrong output: {why}", args)
                     continue
+                if devices:  # first calls: which outputs come in another layout
+                    self._learn_layouts(level, backend.name, out)
             if before is not None:
                 expected = self._verify(level, fn, args, before, out)
                 if expected is not None:
@@ -374,6 +389,31 @@ class Piece:
         with self._lock:
             if self._current == (level, fn):
                 self._fast = (level, fn)
+
+    def _learn_layouts(self, level: int, name: str, out: Sequence[Any]) -> None:
+        """Add to ``_restride`` (for the backend at ``level``) the outputs it returned in
+        another layout than the traced one. The nodes after this partition were traced
+        against eager's layout, and a ``view`` among them fails on another (an eager
+        fallback raised "view size is not compatible" on GPT-2 training: it received a
+        key cache traced contiguous in the transposed order of Inductor's decomposition
+        of a one-tensor ``cat``; docs/robustness.md). A compiled artifact's output
+        layouts are fixed by its input layouts, themselves the traced ones, so the first
+        calls decide; the steady state checks only the outputs found here."""
+        seen = {k for k, _, _ in self._restride}
+        found = [(k, size, stride) for k, size, stride in self._layouts if k not in seen
+                 and isinstance(out[k], torch.Tensor)
+                 and _strides_matter(size, out[k].stride(), stride)]
+        if not found:
+            return
+        with self._lock:
+            if self._current[0] != level:
+                return
+            self._restride = sorted(self._restride + found)
+        for k, size, stride in found:
+            log.info("%s partition %d: %s returns output %d (shape %s) with strides %s, "
+                     "traced %s: copied into the traced layout on every call",
+                     self._label, self.record.partition_id, name, k, list(size),
+                     tuple(out[k].stride()), stride)
 
     def _restrided(self, out: Any) -> Any:
         if not self._restride:
@@ -491,6 +531,7 @@ class Piece:
         self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
                          else self._verify_cfg)
         self._fast = None
+        self._restride = list(self._restride_traced)  # the new backend's are learned
         self._since_compile = 0
         self._device_checks = 2
         self._verify_pending = not backend.inline_aten
