@@ -36,6 +36,7 @@ from ..errors import ArbiterError, unknown_name
 from .cost import plan_ms
 from .partition import Plan
 from .planner import Planner
+from .segments import SegmentTimes
 
 PRIORITY = "priority"
 ONLY = "only "
@@ -85,6 +86,8 @@ class PolicyOutcome:
     broadcast: str = ""
     rank: Optional[int] = None  # with `broadcast`: this process's rank
     world_size: Optional[int] = None  # with `broadcast`: the process group's size
+    # measure.mix: the segment probes' times and the DP's placement (not in the report)
+    mix: Optional[SegmentTimes] = None
 
 
 @dataclass

@@ -48,8 +48,8 @@ from ..plan.cost import load_table, node_us, plan_ms
 from ..plan.partition import Partition, Plan
 from ..plan.planner import Planner
 from ..plan.policy import ONLY, PRIORITY, Candidate, plan_key
-from ..plan.segments import (NodeInfo, Segment, best_chain, choose_depth, pair_kind,
-                             probe_layouts, segment, skip_edges)
+from ..plan.segments import (NodeInfo, Segment, SegmentTimes, best_chain, choose_depth,
+                             pair_kind, probe_layouts, segment, skip_edges)
 from ..plan.support import FixedSupport, Preferred
 from .piece import Piece, PieceRecord
 from .record import GraphRecord
@@ -598,14 +598,19 @@ class MeasuredGraph:
         if costs is None:
             return
         single, pair, compile_s = costs
-        if log.isEnabledFor(logging.DEBUG):
+        # kept on the outcome (bench/mix_oracle.py reads the oracle bound off it)
+        times = SegmentTimes(depth, tuple(segs), dict(single), dict(pair))
+        self._record.outcome.mix = times
+        if log.isEnabledFor(logging.INFO):
             first: dict = {}
             for s in segs:
                 first.setdefault(s.kind, f"{s.cls or 'top level'}@{s.index}")
-            log.debug("%s: mixing: segment times %s; pair times %s", self._label,
-                      {(first[k], b): round(ms, 4) for (k, b), ms in single.items()},
-                      {(first[k1], first[k2], b): round(ms, 4)
-                       for ((k1, k2), b), ms in pair.items()})
+            log.info("%s: mixing: segment times %s; pair times %s; oracle (fastest per "
+                     "segment, boundaries free) %s ms", self._label,
+                     {(first[k], b): round(ms, 4) for (k, b), ms in single.items()},
+                     {(first[k1], first[k2], b): round(ms, 4)
+                      for ((k1, k2), b), ms in pair.items()},
+                     None if times.oracle_ms() is None else round(times.oracle_ms(), 4))
         measured = [b for b in backends if any((s.kind, b) in single for s in segs)]
 
         def saving(i: int, b: str) -> float:
@@ -637,6 +642,7 @@ class MeasuredGraph:
         except ValueError as exc:  # pragma: no cover - every row has an option
             log.info("%s: mixing skipped: %s", self._label, exc)
             return
+        times.path, times.predicted_ms = list(path), total
         alone_ms = {b: sum(r[b] for r in rows) for b in measured
                     if all(b in r for r in rows)}
         log.info("%s: mixing: segment DP predicts %.3f ms (%s); each backend alone by the "
