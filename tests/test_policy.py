@@ -511,6 +511,9 @@ def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
         assert times.alone_ms(b) >= 3 * MIX_SLEEP_S * 1e3
     assert [won[s.cls] for s in times.segments] == times.path  # the DP agrees
     assert times.predicted_ms is not None and times.pair_ms
+    # the best whole-graph candidate was timed again in the probes' rounds: 3 sleeps a call
+    assert any(k.startswith("only ") for k in times.whole_ms), times.whole_ms
+    assert all(v >= 3 * MIX_SLEEP_S * 1e3 for v in times.whole_ms.values()), times.whole_ms
     # another process-like Arbiter replays the mixed decision from the cache, timing nothing
     torch._dynamo.reset()
     monkeypatch.setattr(MeasuredGraph, "_measure", lambda *a: pytest.fail("timed again"))

@@ -229,7 +229,8 @@ class SegmentTimes:
     ``depth``, each kind's time alone per backend, each adjacent pair kind's time as one
     partition per backend, and the DP's placement (``path``, a backend per segment, ""
     where none was measured) with its predicted total. Times are ms, medians of the
-    probes' interleaved rounds; a (kind, backend) missing was not measured (the backend
+    probes' interleaved rounds (``whole_ms``: candidates timed whole in those rounds, by
+    label); a (kind, backend) missing was not measured (the backend
     cannot take the segment whole, or the budget ran out)."""
 
     depth: int
@@ -238,6 +239,8 @@ class SegmentTimes:
     pair_ms: dict[tuple[tuple[Hashable, Hashable], str], float] = field(default_factory=dict)
     path: list[str] = field(default_factory=list)
     predicted_ms: Optional[float] = None
+    # whole-graph candidates timed end to end in the probes' rounds: label -> ms
+    whole_ms: dict[str, float] = field(default_factory=dict)
 
     def on(self, seg: Segment) -> dict[str, float]:
         """{backend: ms} of ``seg``'s kind."""
