@@ -81,19 +81,6 @@ def _register_eager_piece(tmp: Path) -> None:
     register_backend(EagerPiece)
 
 
-def _savings(times, i: int, b: str) -> float:
-    """What keeping segments i and i + 1 together on b saves, clipped as ``_mix`` clips it."""
-    from arbiter.plan.segments import pair_kind
-
-    segs = times.segments
-    one = times.single_ms.get((segs[i].kind, b))
-    two = times.single_ms.get((segs[i + 1].kind, b))
-    both = times.pair_ms.get((pair_kind(segs, i), b))
-    if None in (one, two, both):
-        return 0.0
-    return max(0.0, min(min(one, two), one + two - both))
-
-
 def run_one(model_name: str, threads: int, budget_s: float, repeats: int) -> dict:
     import logging
 
@@ -138,39 +125,19 @@ def run_one(model_name: str, threads: int, budget_s: float, repeats: int) -> dic
                  "candidates_ms": {k: v for k, v in o.candidates_ms.items()}}
         if times is not None:
             segs = times.segments
-            label, count = {}, {}
+            label = {}  # a kind's name: its first instance, as measured.py logs it
             for s in segs:
-                if s.kind not in label:
-                    base = s.cls or "top level"
-                    n = sum(1 for v in label.values() if v.split("@")[0] == base)
-                    label[s.kind] = f"{base}@{s.index}" if n == 0 else f"{base}#{n + 1}@{s.index}"
-                count[label[s.kind]] = count.get(label[s.kind], 0) + 1
-            backends = sorted({b for (_, b) in times.single_ms})
-            fastest = times.fastest()
-            fused = []
-            for s in segs:
-                row = {b: ms - 0.5 * ((_savings(times, s.index - 1, b) if s.index > 0 else 0.0)
-                                      + (_savings(times, s.index, b)
-                                         if s.index + 1 < len(segs) else 0.0))
-                       for b, ms in times.on(s).items()}
-                fused.append(min(row.values()) if row else None)
-            entry.update({
-                "depth": times.depth, "segments": len(segs), "backends": backends,
-                "kinds": {label[k]: {"count": count[label[k]],
-                                     "ms": {b: round(ms, 4) for (kk, b), ms in
-                                            times.single_ms.items() if kk == k}}
-                          for k in dict.fromkeys(s.kind for s in segs)},
-                "pairs": {f"{label[k1]}+{label[k2]}": {b: round(ms, 4)} for ((k1, k2), b), ms
-                          in times.pair_ms.items()},
-                "segment_winners": [(label[s.kind], f[0], round(f[1], 4)) if f else None
-                                    for s, f in zip(segs, fastest)],
-                "alone_seg_ms": {b: times.alone_ms(b) for b in backends},
-                "oracle_ms": times.oracle_ms(),
-                "fused_oracle_ms": None if None in fused else sum(fused),
-                "dp_path": [f"{label[s.kind]}:{b}" for s, b in zip(segs, times.path)],
-                "dp_predicted_ms": times.predicted_ms,
-                "whole_ms": dict(times.whole_ms),
-            })
+                label.setdefault(s.kind, f"{s.cls or 'top level'}@{s.index}")
+            single: dict = {}
+            for (k, b), ms in times.single_ms.items():
+                single.setdefault(label[k], {})[b] = ms
+            pair: dict = {}
+            for ((k1, k2), b), ms in times.pair_ms.items():
+                pair.setdefault(f"{label[k1]}|{label[k2]}", {})[b] = ms
+            entry.update({"depth": times.depth, "seq": [label[s.kind] for s in segs],
+                          "single": single, "pair": pair, "whole_ms": dict(times.whole_ms),
+                          "dp_path": list(times.path), "dp_predicted_ms": times.predicted_ms,
+                          "oracle_ms_core": times.oracle_ms()})
         graphs.append(entry)
     return {"model": model_name, "first_call_s": first_s, "max_err": err, "graphs": graphs,
             "threads": threads, "budget_s": budget_s}
@@ -178,80 +145,113 @@ def run_one(model_name: str, threads: int, budget_s: float, repeats: int) -> dic
 
 # -- parent: one process per model, a table ---------------------------------------------
 
-def summarize(res: dict) -> dict:
-    """The row of one model: its largest graph with probes."""
-    gs = [g for g in res["graphs"] if g.get("oracle_ms") is not None]
-    if not gs:
-        return {"model": res["model"], "note": "no segment probes (mixing skipped?)",
-                "graphs": res["graphs"]}
-    g = max(gs, key=lambda g: g["segments"])
-    # the whole graphs as timed in the probes' rounds (same time, same load); the
-    # measure rounds' times (earlier) where a backend was not timed there
+def analyse(g: dict) -> dict:
+    """The oracle numbers of one graph's raw probe times (``run_one``'s entry)."""
+    seq, single, pair = g["seq"], g["single"], g["pair"]
+    n = len(seq)
+    backends = sorted({b for row in single.values() for b in row})
+
+    def saving(i: int, b: str) -> float:
+        """What keeping segments i and i + 1 together on b saves, clipped as
+        measured.py's ``_mix`` clips it (0 to the smaller one's time)."""
+        one, two = single[seq[i]].get(b), single[seq[i + 1]].get(b)
+        both = pair.get(f"{seq[i]}|{seq[i + 1]}", {}).get(b)
+        if None in (one, two, both):
+            return 0.0
+        return max(0.0, min(min(one, two), one + two - both))
+
+    plain = [dict(single[k]) for k in seq]
+    fused = [{b: ms - 0.5 * ((saving(i - 1, b) if i > 0 else 0.0)
+                             + (saving(i, b) if i + 1 < n else 0.0))
+              for b, ms in single[k].items()} for i, k in enumerate(seq)]
+
+    def total(rows, b):
+        return sum(r[b] for r in rows) if all(b in r for r in rows) else None
+
+    plain_sum = {b: total(plain, b) for b in backends if total(plain, b) is not None}
+    fused_sum = {b: total(fused, b) for b in backends if total(fused, b) is not None}
+    oracle = sum(min(r.values()) for r in plain)
+    fused_oracle = sum(min(r.values()) for r in fused)
     rounds = {k[len("only "):]: v for k, v in g["candidates_ms"].items()
               if k.startswith("only ") and v is not None}
+    # the whole graphs as timed in the probes' rounds (same time, same load); the
+    # measure rounds' times (earlier) when none was timed there
     whole = {k[len("only "):]: v for k, v in g.get("whole_ms", {}).items()
              if k.startswith("only ")} or rounds
     best_b = min(whole, key=whole.get)
-    best = whole[best_b]
     kinds = []
-    for name, k in g["kinds"].items():
-        ms = k["ms"]
+    for k in dict.fromkeys(seq):
+        ms = single[k]
         order = sorted(ms, key=ms.get)
-        win = order[0]
-        second = ms[order[1]] / ms[win] if len(order) > 1 else math.nan
-        vs_best = ms.get(best_b, math.nan) / ms[win]
-        kinds.append({"kind": name, "count": k["count"], "winner": win,
-                      "ms": ms, "vs_runner_up": second, "vs_best_single": vs_best})
-    mix = {k: v for k, v in g["candidates_ms"].items() if k.startswith("mix: ")}
-    return {"model": res["model"], "best": best_b, "best_ms": best, "whole": whole,
-            "measure_rounds": rounds,
-            "oracle_ms": g["oracle_ms"], "bound": best / g["oracle_ms"],
-            "fused_oracle_ms": g["fused_oracle_ms"],
-            "fused_bound": best / g["fused_oracle_ms"] if g["fused_oracle_ms"] else None,
-            "best_seg_sum_ms": g["alone_seg_ms"].get(best_b),
-            "same_basis": (g["alone_seg_ms"][best_b] / g["oracle_ms"]
-                           if g["alone_seg_ms"].get(best_b) else None),
-            "segments": g["segments"], "depth": g["depth"], "kinds": kinds,
-            "dp_predicted_ms": g["dp_predicted_ms"], "dp_path": g["dp_path"],
-            "mix_ms": mix, "chosen": g["chosen"]}
+        kinds.append({"kind": k, "count": seq.count(k), "ms": ms, "winner": order[0],
+                      "vs_runner_up": ms[order[1]] / ms[order[0]] if len(order) > 1
+                      else math.nan,
+                      "vs_best_single": ms.get(best_b, math.nan) / ms[order[0]]})
+    return {"best": best_b, "best_ms": whole[best_b], "whole": whole, "measure_rounds": rounds,
+            "oracle_ms": oracle, "bound": whole[best_b] / oracle,
+            "plain_sum": plain_sum, "fused_sum": fused_sum, "fused_oracle_ms": fused_oracle,
+            "same_plain": min(plain_sum.values()) / oracle if plain_sum else None,
+            "same_fused": min(fused_sum.values()) / fused_oracle if fused_sum else None,
+            "segments": n, "depth": g["depth"], "kinds": kinds,
+            "dp_predicted_ms": g["dp_predicted_ms"],
+            "dp_path": g["dp_path"], "chosen": g["chosen"],
+            "mix_ms": {k: v for k, v in g["candidates_ms"].items() if k.startswith("mix: ")}}
+
+
+def summarize(res: dict) -> dict:
+    """The row of one model: its graph with the most probed segments."""
+    gs = [g for g in res["graphs"] if g.get("seq")]
+    if not gs:
+        return {"model": res["model"], "note": "no segment probes (mixing skipped?)"}
+    g = max(gs, key=lambda g: len(g["seq"]))
+    return {"model": res["model"], "seq": g["seq"], **analyse(g)}
 
 
 def render(rows: list[dict], loads: dict, cmd: str) -> str:
-    f = lambda x, d=1: "-" if x is None or (isinstance(x, float) and math.isnan(x)) \
-        else f"{x:.{d}f}"  # noqa: E731
-    lines = ["```sh", cmd, "```", "",
-             "| model | best single (whole graph) | its ms | oracle sum ms | bound | "
-             "fused bound | same basis | segments (depth) | mixed candidate |",
-             "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    def f(x, d=1):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{d}f}"
+
+    def ms_list(d):
+        return ", ".join(f"{b} {v:.1f}" for b, v in sorted(d.items(), key=lambda kv: kv[1]))
+
+    lines = (["```sh", cmd, "```", ""] if cmd else []) + [
+        "| model | best single (whole graph) | its ms | oracle sum ms | bound | same basis "
+        "| same basis, fused | segments (depth) | DP predicted ms / mixed candidate ms |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         if "best" not in r:
             lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r.get('note', '')} |")
             continue
-        mix = "; ".join(f"{v:.1f} ms" if v is not None else "not timed"
+        mix = "; ".join(f"{v:.1f}" if v is not None else "not timed"
                         for v in r["mix_ms"].values()) or "not built"
         lines.append(f"| {r['model']} | {r['best']} | {f(r['best_ms'])} | {f(r['oracle_ms'])} "
-                     f"| {f(r['bound'], 2)}x | {f(r['fused_bound'], 2)}x | "
-                     f"{f(r['same_basis'], 2)}x | {r['segments']} ({r['depth']}) | {mix} |")
-    lines += ["", "Segment kinds (ms per instance, each backend; winner; winner's margin over "
-              "the runner-up and over the best whole-graph backend on that kind):", ""]
+                     f"| {f(r['bound'], 2)}x | {f(r['same_plain'], 2)}x | "
+                     f"{f(r['same_fused'], 2)}x | {r['segments']} ({r['depth']}) | "
+                     f"{f(r['dp_predicted_ms'])} / {mix} |")
+    lines += ["", "Per model: whole-graph ms (in the probes' rounds; in measure's earlier "
+              "rounds), each backend's segment sum (plain; fused: less the pair savings), "
+              "and per segment kind each backend's ms per instance, the winner, its margin "
+              "over the runner-up and over the best whole-graph backend on that kind.", ""]
     for r in rows:
         if "best" not in r:
             continue
-        whole = ", ".join(f"{b} {v:.1f}" for b, v in sorted(r["whole"].items(),
-                                                            key=lambda kv: kv[1]))
-        early = ", ".join(f"{b} {v:.1f}" for b, v in sorted(r["measure_rounds"].items(),
-                                                            key=lambda kv: kv[1]))
-        lines.append(f"- **{r['model']}** (whole graph ms in the probes' rounds: {whole}; "
-                     f"in measure's earlier rounds: {early}; load: "
-                     f"{loads.get(r['model'], '?')})")
+        lines.append(f"- **{r['model']}** (load {loads.get(r['model'], '?')}): whole "
+                     f"{ms_list(r['whole'])}; earlier {ms_list(r['measure_rounds'])}; "
+                     f"segment sums {ms_list(r['plain_sum'])}; fused "
+                     f"{ms_list(r['fused_sum'])}, fused oracle {f(r['fused_oracle_ms'])}")
         for k in r["kinds"]:
             ms = ", ".join(f"{b} {v:.3f}" for b, v in sorted(k["ms"].items(),
                                                              key=lambda kv: kv[1]))
             lines.append(f"  - {k['kind']} x{k['count']}: {ms} -> **{k['winner']}**, "
                          f"{f(k['vs_runner_up'], 2)}x the runner-up, "
                          f"{f(k['vs_best_single'], 2)}x {r['best']}")
-        lines.append(f"  - DP: predicted {f(r['dp_predicted_ms'], 2)} ms; chosen: "
-                     f"{r['chosen']}")
+        path: dict = {}
+        for k, b in zip(r.get("seq", []), r["dp_path"]):
+            path[(k.split("@")[0], b or "as planned")] = \
+                path.get((k.split("@")[0], b or "as planned"), 0) + 1
+        where = ", ".join(f"{k} x{c} on {b}" for (k, b), c in path.items())
+        lines.append(f"  - DP: {where or 'no placement'}, predicted "
+                     f"{f(r['dp_predicted_ms'], 1)} ms; measure chose {r['chosen']}")
     return "\n".join(lines)
 
 
@@ -263,9 +263,26 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7, help="measure.repeats")
     p.add_argument("--timeout", type=float, default=1500.0, help="seconds per model")
     p.add_argument("--json", default="", help="write the raw results here")
+    p.add_argument("--omp-passive", action="store_true",
+                   help="OMP_WAIT_POLICY=PASSIVE in the model processes (torch's OpenMP "
+                        "threads sleep at barriers instead of spinning: on a loaded machine "
+                        "spinning slows eager and Inductor several times, bench/README.md)")
+    p.add_argument("--from", dest="saved", nargs="+", default=[],
+                   help="render these per-model JSON files (written by earlier runs' "
+                        "model processes, --keep) instead of running")
+    p.add_argument("--keep", default="", help="a folder for each model's raw JSON")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.saved:
+        res = [json.loads(Path(x).read_text()) for x in args.saved]
+        rows = [summarize(r) for r in res]
+        loads = {r["model"]: " -> ".join(u.split("load average:")[-1].strip()
+                                         for u in r.get("uptime", [])) for r in res}
+        print(render(rows, loads, ""))
+        return 0
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    if args.omp_passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     if args.one:
         res = run_one(args.one, args.threads, args.budget, args.repeats)
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
@@ -273,7 +290,8 @@ def main(argv=None) -> int:
     rows, loads, raw = [], {}, []
     for m in args.models:
         before = _uptime()
-        out = Path(tempfile.mkstemp(prefix=f"mix-oracle-{m}-", suffix=".json")[1])
+        out = Path(tempfile.mkstemp(prefix=f"mix-oracle-{m}-", suffix=".json",
+                                    dir=args.keep or None)[1])
         print(f"[{m}] start {before}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -294,12 +312,14 @@ def main(argv=None) -> int:
             continue
         res = json.loads(out.read_text())
         res["uptime"] = [before, after]
+        out.write_text(json.dumps(res, indent=1, default=str))
         raw.append(res)
         rows.append(summarize(res))
         print(render(rows[-1:], loads, ""), flush=True)
     cmd = ".venv/bin/python bench/mix_oracle.py " + " ".join(sys.argv[1:])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"\n{stamp}; {os.cpu_count()} cores; threads {args.threads}\n")
+    print(f"\n{stamp}; {os.cpu_count()} cores; threads {args.threads}; OMP_WAIT_POLICY "
+          f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}\n")
     print(render(rows, loads, cmd))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "raw": raw, "loads": loads},
