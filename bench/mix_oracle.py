@@ -172,6 +172,12 @@ def analyse(g: dict) -> dict:
     fused_sum = {b: total(fused, b) for b in backends if total(fused, b) is not None}
     oracle = sum(min(r.values()) for r in plain)
     fused_oracle = sum(min(r.values()) for r in fused)
+    # per segment kind, the backend of the fused oracle (the kind's instances may differ:
+    # their neighbours' savings differ) -> count
+    fused_won: dict = {}
+    for k, r in zip(seq, fused):
+        b = min(r, key=r.get)
+        fused_won[(k, b)] = fused_won.get((k, b), 0) + 1
     rounds = {k[len("only "):]: v for k, v in g["candidates_ms"].items()
               if k.startswith("only ") and v is not None}
     # the whole graphs as timed in the probes' rounds (same time, same load); the
@@ -192,6 +198,9 @@ def analyse(g: dict) -> dict:
             "plain_sum": plain_sum, "fused_sum": fused_sum, "fused_oracle_ms": fused_oracle,
             "same_plain": min(plain_sum.values()) / oracle if plain_sum else None,
             "same_fused": min(fused_sum.values()) / fused_oracle if fused_sum else None,
+            "dp_gain": (min(fused_sum.values()) / g["dp_predicted_ms"]
+                        if fused_sum and g["dp_predicted_ms"] else None),
+            "fused_won": [f"{k} x{c} on {b}" for (k, b), c in fused_won.items()],
             "segments": n, "depth": g["depth"], "kinds": kinds,
             "dp_predicted_ms": g["dp_predicted_ms"],
             "dp_path": g["dp_path"], "chosen": g["chosen"],
@@ -216,18 +225,29 @@ def render(rows: list[dict], loads: dict, cmd: str) -> str:
 
     lines = (["```sh", cmd, "```", ""] if cmd else []) + [
         "| model | best single (whole graph) | its ms | oracle sum ms | bound | same basis "
-        "| same basis, fused | segments (depth) | DP predicted ms / mixed candidate ms |",
-        "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        "| same basis, fused | DP gain | segments (depth) | DP predicted ms / mixed "
+        "candidate ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         if "best" not in r:
-            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | {r.get('note', '')} |")
+            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | - | "
+                         f"{r.get('note', '')} |")
             continue
         mix = "; ".join(f"{v:.1f}" if v is not None else "not timed"
                         for v in r["mix_ms"].values()) or "not built"
         lines.append(f"| {r['model']} | {r['best']} | {f(r['best_ms'])} | {f(r['oracle_ms'])} "
                      f"| {f(r['bound'], 2)}x | {f(r['same_plain'], 2)}x | "
-                     f"{f(r['same_fused'], 2)}x | {r['segments']} ({r['depth']}) | "
+                     f"{f(r['same_fused'], 2)}x | {f(r['dp_gain'], 2)}x | "
+                     f"{r['segments']} ({r['depth']}) | "
                      f"{f(r['dp_predicted_ms'])} / {mix} |")
+    done = [r for r in rows if "best" in r]
+    if len(done) > 1:
+        def geo(key):
+            xs = [r[key] for r in done if r.get(key)]
+            return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+        lines.append(f"| geomean ({len(done)}) | | | | {f(geo('bound'), 2)}x | "
+                     f"{f(geo('same_plain'), 2)}x | {f(geo('same_fused'), 2)}x | "
+                     f"{f(geo('dp_gain'), 2)}x | | |")
     lines += ["", "Per model: whole-graph ms (in the probes' rounds; in measure's earlier "
               "rounds), each backend's segment sum (plain; fused: less the pair savings), "
               "and per segment kind each backend's ms per instance, the winner, its margin "
@@ -250,6 +270,7 @@ def render(rows: list[dict], loads: dict, cmd: str) -> str:
             path[(k.split("@")[0], b or "as planned")] = \
                 path.get((k.split("@")[0], b or "as planned"), 0) + 1
         where = ", ".join(f"{k} x{c} on {b}" for (k, b), c in path.items())
+        lines.append(f"  - fused oracle: {', '.join(r['fused_won'])}")
         lines.append(f"  - DP: {where or 'no placement'}, predicted "
                      f"{f(r['dp_predicted_ms'], 1)} ms; measure chose {r['chosen']}")
     return "\n".join(lines)
