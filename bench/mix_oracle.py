@@ -16,19 +16,23 @@ call times the whole-graph candidates (``only <backend>``) and the segment probe
 kind per backend, the rest of the graph in eager, each piece's own time). The outcome's
 ``mix`` (``arbiter.plan.segments.SegmentTimes``) holds those times. Reported:
 
-* best single: the fastest ``only <backend>`` candidate, end to end (ms);
+* best single: the fastest ``only <backend>`` whole graph, timed end to end in the
+  probes' rounds (``SegmentTimes.whole_ms``: the same minutes as the segments);
 * oracle: the sum over segments of the fastest backend's time for that segment, boundary
-  costs ignored; ``bound`` = best single / oracle: no module-boundary mix gains more
-  (boundary costs only add);
-* fused oracle: the same with each segment credited the fusion savings that the pair
-  probes measured on both its sides (what keeping neighbours on one backend saves, as
-  ``_mix`` computes them), a looser bound;
-* ``same basis``: the best whole-graph backend's own segment sum / oracle, both from the
-  probes (the whole graph is not the sum of its segments: fusion across cuts, per-call
-  costs);
+  costs ignored; ``bound`` = best single / oracle (no module-boundary mix gains more,
+  boundary costs only add, as far as a segment costs in a mix what it costs alone);
+* fused oracle: the same with each segment credited half the pair savings on each side
+  on its backend (what keeping neighbours on one backend saves, clipped as ``_mix`` clips
+  it); ``bound, fused`` = best single / fused oracle;
+* ``same basis``: the smallest backend segment sum / oracle, both from the probes;
+  ``same basis, fused``: the smallest fused sum / fused oracle (the loosest bound of the
+  DP's own cost model); ``DP gain``: the smallest fused sum / the DP's prediction
+  (boundaries priced);
 * per segment kind: each backend's time, the winner and its margin over the runner-up
-  and over the best whole-graph backend on that kind;
-* the DP's placement, its prediction, and the mixed candidate's end-to-end time if built.
+  and over the best whole-graph backend on that kind; the fused oracle's and the DP's
+  placements, and the mixed candidate's end-to-end time if ``_mix`` built one.
+
+Results and their reading: bench/README.md "mix_oracle.py".
 """
 from __future__ import annotations
 
@@ -195,6 +199,7 @@ def analyse(g: dict) -> dict:
                       "vs_best_single": ms.get(best_b, math.nan) / ms[order[0]]})
     return {"best": best_b, "best_ms": whole[best_b], "whole": whole, "measure_rounds": rounds,
             "oracle_ms": oracle, "bound": whole[best_b] / oracle,
+            "fused_bound": whole[best_b] / fused_oracle,
             "plain_sum": plain_sum, "fused_sum": fused_sum, "fused_oracle_ms": fused_oracle,
             "same_plain": min(plain_sum.values()) / oracle if plain_sum else None,
             "same_fused": min(fused_sum.values()) / fused_oracle if fused_sum else None,
@@ -224,19 +229,20 @@ def render(rows: list[dict], loads: dict, cmd: str) -> str:
         return ", ".join(f"{b} {v:.1f}" for b, v in sorted(d.items(), key=lambda kv: kv[1]))
 
     lines = (["```sh", cmd, "```", ""] if cmd else []) + [
-        "| model | best single (whole graph) | its ms | oracle sum ms | bound | same basis "
-        "| same basis, fused | DP gain | segments (depth) | DP predicted ms / mixed "
-        "candidate ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+        "| model | best single (whole graph) | its ms | oracle sum ms | bound | bound, fused "
+        "| same basis | same basis, fused | DP gain | segments (depth) | DP predicted ms / "
+        "mixed candidate ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         if "best" not in r:
-            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | - | "
+            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | - | - | "
                          f"{r.get('note', '')} |")
             continue
         mix = "; ".join(f"{v:.1f}" if v is not None else "not timed"
                         for v in r["mix_ms"].values()) or "not built"
         lines.append(f"| {r['model']} | {r['best']} | {f(r['best_ms'])} | {f(r['oracle_ms'])} "
-                     f"| {f(r['bound'], 2)}x | {f(r['same_plain'], 2)}x | "
+                     f"| {f(r['bound'], 2)}x | {f(r['fused_bound'], 2)}x | "
+                     f"{f(r['same_plain'], 2)}x | "
                      f"{f(r['same_fused'], 2)}x | {f(r['dp_gain'], 2)}x | "
                      f"{r['segments']} ({r['depth']}) | "
                      f"{f(r['dp_predicted_ms'])} / {mix} |")
@@ -246,6 +252,7 @@ def render(rows: list[dict], loads: dict, cmd: str) -> str:
             xs = [r[key] for r in done if r.get(key)]
             return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
         lines.append(f"| geomean ({len(done)}) | | | | {f(geo('bound'), 2)}x | "
+                     f"{f(geo('fused_bound'), 2)}x | "
                      f"{f(geo('same_plain'), 2)}x | {f(geo('same_fused'), 2)}x | "
                      f"{f(geo('dp_gain'), 2)}x | | |")
     lines += ["", "Per model: whole-graph ms (in the probes' rounds; in measure's earlier "
