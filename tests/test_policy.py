@@ -497,6 +497,23 @@ def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
     assert mixed < out.candidates_ms["only sig_slow"] and \
         mixed < out.candidates_ms["only tanh_slow"]
     assert mixed < 3 * MIX_SLEEP_S * 1e3  # each alone sleeps 3 x 10 ms a call
+    # the probes' times are on the outcome (outcome.mix): each Gate segment is fastest on
+    # tanh_slow, each Squash on sig_slow, by at least the sleep; the oracle sums those
+    times = out.mix
+    assert times is not None and len(times.segments) == 6, times
+    won = {s.cls: f[0] for s, f in zip(times.segments, times.fastest())}
+    assert won == {"Gate": "tanh_slow", "Squash": "sig_slow"}
+    for s in times.segments:
+        slow = times.on(s)["sig_slow" if s.cls == "Gate" else "tanh_slow"]
+        assert slow >= MIX_SLEEP_S * 1e3 > times.on(s)[won[s.cls]], times.single_ms
+    assert times.oracle_ms() < MIX_SLEEP_S * 1e3
+    for b in ("sig_slow", "tanh_slow"):
+        assert times.alone_ms(b) >= 3 * MIX_SLEEP_S * 1e3
+    assert [won[s.cls] for s in times.segments] == times.path  # the DP agrees
+    assert times.predicted_ms is not None and times.pair_ms
+    # the best whole-graph candidate was timed again in the probes' rounds: 3 sleeps a call
+    assert any(k.startswith("only ") for k in times.whole_ms), times.whole_ms
+    assert all(v >= 3 * MIX_SLEEP_S * 1e3 for v in times.whole_ms.values()), times.whole_ms
     # another process-like Arbiter replays the mixed decision from the cache, timing nothing
     torch._dynamo.reset()
     monkeypatch.setattr(MeasuredGraph, "_measure", lambda *a: pytest.fail("timed again"))

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from arbiter.plan.segments import (NodeInfo, best_chain, choose_depth, pair_kind,
-                                   probe_layouts, segment, skip_edges)
+from arbiter.plan.segments import (NodeInfo, Segment, SegmentTimes, best_chain, choose_depth,
+                                   pair_kind, probe_layouts, segment, skip_edges)
 
 ROOT = ("m", "Model")
 
@@ -186,3 +186,28 @@ def test_best_chain_matches_brute_force():
 
         brute = min(cost(p) for p in itertools.product(backends, repeat=n))
         assert total == pytest.approx(brute) and cost(path) == pytest.approx(total)
+
+
+def test_segment_times_oracle_is_the_sum_of_each_segments_fastest():
+    """SegmentTimes (outcome.mix): the fastest backend per segment by its kind's time,
+    each backend's sum, and the oracle, the sum of the fastest; a segment measured on no
+    backend leaves the oracle undefined, a backend missing one segment has no sum."""
+    segs = tuple(Segment(i, f"m.{i}", cls, (f"n{i}",), cls)
+                 for i, cls in enumerate(["Emb", "Attn", "MLP", "Attn", "MLP"]))
+    single = {("Emb", "a"): 1.0, ("Emb", "b"): 0.5, ("Attn", "a"): 2.0, ("Attn", "b"): 3.0,
+              ("MLP", "a"): 4.0, ("MLP", "b"): 3.5}
+    t = SegmentTimes(2, segs, single)
+    assert t.on(segs[1]) == {"a": 2.0, "b": 3.0}
+    assert t.fastest() == [("b", 0.5), ("a", 2.0), ("b", 3.5), ("a", 2.0), ("b", 3.5)]
+    assert t.alone_ms("a") == 13.0 and t.alone_ms("b") == 13.5
+    assert t.oracle_ms() == pytest.approx(11.5)
+    # the oracle is never above any backend's own sum, and equals the DP without boundaries
+    total, _ = best_chain([t.on(s) for s in segs], lambda i, a, b: 0.0)
+    assert t.oracle_ms() == pytest.approx(total)
+    assert t.oracle_ms() <= min(t.alone_ms("a"), t.alone_ms("b"))
+    del single[("Emb", "a")]
+    t = SegmentTimes(2, segs, single)
+    assert t.alone_ms("a") is None and t.oracle_ms() == pytest.approx(11.5)
+    del single[("Emb", "b")]
+    t = SegmentTimes(2, segs, single)
+    assert t.fastest()[0] is None and t.oracle_ms() is None

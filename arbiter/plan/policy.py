@@ -36,6 +36,7 @@ from ..errors import ArbiterError, unknown_name
 from .cost import plan_ms
 from .partition import Plan
 from .planner import Planner
+from .segments import SegmentTimes
 
 PRIORITY = "priority"
 ONLY = "only "
@@ -92,6 +93,8 @@ class PolicyOutcome:
     # failed there must show, whichever placement won): label -> "partition N: a -> b
     # (stage: reason)"
     fallbacks: dict[str, list[str]] = field(default_factory=dict)
+    # measure.mix: the segment probes' times and the DP's placement (not in the report)
+    mix: Optional[SegmentTimes] = None
 
 
 @dataclass

@@ -21,12 +21,15 @@ here runs a tensor, so everything is unit-tested with made-up costs
 * ``best_chain(costs, boundary)``: the placement of a chain of segments minimizing the sum
   of segment costs plus boundary costs between differently placed neighbours: a dynamic
   program over the chain (Collage's, restricted to a chain: O(segments x backends^2)).
+* ``SegmentTimes``: what the probes measured, kept on the policy outcome (``mix``) for
+  the report's readers and bench/mix_oracle.py: per segment the fastest backend and the
+  sum of those (the oracle: no module-boundary mix runs faster, boundary costs aside).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -218,3 +221,47 @@ def best_chain(costs: Sequence[Mapping[str, float]],
         best = nxt
     total, _, path = min(best.values(), key=lambda v: (v[0], v[1]))
     return total, path
+
+
+@dataclass
+class SegmentTimes:
+    """The segment probes' measurements of one graph (``measure.mix``): its segments at
+    ``depth``, each kind's time alone per backend, each adjacent pair kind's time as one
+    partition per backend, and the DP's placement (``path``, a backend per segment, ""
+    where none was measured) with its predicted total. Times are ms, medians of the
+    probes' interleaved rounds (``whole_ms``: candidates timed whole in those rounds, by
+    label); a (kind, backend) missing was not measured (the backend
+    cannot take the segment whole, or the budget ran out)."""
+
+    depth: int
+    segments: tuple[Segment, ...]
+    single_ms: dict[tuple[Hashable, str], float]
+    pair_ms: dict[tuple[tuple[Hashable, Hashable], str], float] = field(default_factory=dict)
+    path: list[str] = field(default_factory=list)
+    predicted_ms: Optional[float] = None
+    # whole-graph candidates timed end to end in the probes' rounds: label -> ms
+    whole_ms: dict[str, float] = field(default_factory=dict)
+
+    def on(self, seg: Segment) -> dict[str, float]:
+        """{backend: ms} of ``seg``'s kind."""
+        return {b: ms for (k, b), ms in self.single_ms.items() if k == seg.kind}
+
+    def fastest(self) -> list[Optional[tuple[str, float]]]:
+        """Per segment, (backend, ms) of the fastest measured; None where none was."""
+        out: list[Optional[tuple[str, float]]] = []
+        for s in self.segments:
+            times = self.on(s)
+            out.append(min(times.items(), key=lambda bm: bm[1]) if times else None)
+        return out
+
+    def alone_ms(self, backend: str) -> Optional[float]:
+        """The sum of ``backend``'s segment times; None when it lacks one."""
+        times = [self.on(s).get(backend) for s in self.segments]
+        return None if any(t is None for t in times) else sum(times)
+
+    def oracle_ms(self) -> Optional[float]:
+        """The sum over segments of the fastest backend's time, boundary costs ignored:
+        no placement of these segments (whole segments, these backends) runs faster than
+        this by the probes' own times. None when some segment was measured on no backend."""
+        best = self.fastest()
+        return None if any(b is None for b in best) else sum(ms for _, ms in best)

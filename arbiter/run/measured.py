@@ -48,8 +48,8 @@ from ..plan.cost import load_table, node_us, plan_ms
 from ..plan.partition import Partition, Plan
 from ..plan.planner import Planner
 from ..plan.policy import ONLY, PRIORITY, Candidate, plan_key
-from ..plan.segments import (NodeInfo, Segment, best_chain, choose_depth, pair_kind,
-                             probe_layouts, segment, skip_edges)
+from ..plan.segments import (NodeInfo, Segment, SegmentTimes, best_chain, choose_depth,
+                             pair_kind, probe_layouts, segment, skip_edges)
 from ..plan.support import FixedSupport, Preferred
 from .piece import Piece, PieceRecord
 from .record import GraphRecord
@@ -72,6 +72,10 @@ MIX = "mix: "
 #: Mixing times segments only on backends whose whole graph ran within this factor of
 #: the fastest's (each probe compiles; a backend far behind rarely wins a segment).
 MIX_SPAN = 1.5
+#: The segment probes' rounds also time the best candidate and the whole graph of this many
+#: of the probed backends (fastest first), at the same time as the probes (SegmentTimes
+#: .whole_ms: the whole-graph rounds ran earlier, under another load).
+MIX_WHOLE = 1
 #: One timing sample lasts at least this long (several calls of a fast graph).
 SAMPLE_S = 0.002
 #: At most this many calls make one sample.
@@ -600,18 +604,26 @@ class MeasuredGraph:
         log.info("%s: mixing: %d segments at module depth %d (%d kinds), %d value(s) read "
                  "from further back than the previous segment", self._label, len(segs),
                  depth, len({s.kind for s in segs}), skip_edges(infos, segs))
-        costs = self._time_segments(segs, able, backends, by_name, args, start, per_part)
+        whole = [best] + [c for b in backends[:MIX_WHOLE] for c in alone
+                          if ONLY + b in c.labels and c is not best]
+        costs = self._time_segments(segs, able, backends, by_name, args, start, per_part,
+                                    whole)
         if costs is None:
             return
-        single, pair, compile_s = costs
-        if log.isEnabledFor(logging.DEBUG):
+        single, pair, compile_s, whole_ms = costs
+        # kept on the outcome (bench/mix_oracle.py reads the oracle bound off it)
+        times = SegmentTimes(depth, tuple(segs), dict(single), dict(pair), whole_ms=whole_ms)
+        self._record.outcome.mix = times
+        if log.isEnabledFor(logging.INFO):
             first: dict = {}
             for s in segs:
                 first.setdefault(s.kind, f"{s.cls or 'top level'}@{s.index}")
-            log.debug("%s: mixing: segment times %s; pair times %s", self._label,
-                      {(first[k], b): round(ms, 4) for (k, b), ms in single.items()},
-                      {(first[k1], first[k2], b): round(ms, 4)
-                       for ((k1, k2), b), ms in pair.items()})
+            log.info("%s: mixing: segment times %s; pair times %s; oracle (fastest per "
+                     "segment, boundaries free) %s ms", self._label,
+                     {(first[k], b): round(ms, 4) for (k, b), ms in single.items()},
+                     {(first[k1], first[k2], b): round(ms, 4)
+                      for ((k1, k2), b), ms in pair.items()},
+                     None if times.oracle_ms() is None else round(times.oracle_ms(), 4))
         measured = [b for b in backends if any((s.kind, b) in single for s in segs)]
 
         def saving(i: int, b: str) -> float:
@@ -643,6 +655,7 @@ class MeasuredGraph:
         except ValueError as exc:  # pragma: no cover - every row has an option
             log.info("%s: mixing skipped: %s", self._label, exc)
             return
+        times.path, times.predicted_ms = list(path), total
         alone_ms = {b: sum(r[b] for r in rows) for b in measured
                     if all(b in r for r in rows)}
         log.info("%s: mixing: segment DP predicts %.3f ms (%s); each backend alone by the "
@@ -686,14 +699,17 @@ class MeasuredGraph:
                  cand.measured_ms, best.label, best.measured_ms)
 
     def _time_segments(self, segs: list[Segment], able: list[set], backends: list[str],
-                       by_name: dict, args: list, start: float, per_part: dict):
+                       by_name: dict, args: list, start: float, per_part: dict,
+                       whole: Sequence[Candidate] = ()):
         """Per backend (in ``backends`` order, while the budget lasts) and per probe layout
         (``segments.probe_layouts``): a plan whose instances are partitions of their own on
         that backend and whose other nodes run in eager; built, warmed up, then all probes
-        timed in interleaved rounds (each piece's own time, ``Piece.timed``). Returns
+        timed in interleaved rounds (each piece's own time, ``Piece.timed``), with the
+        ``whole`` candidates (built already) end to end in the same rounds. Returns
         ({(segment kind, backend): ms}, {(pair kind, backend): ms}, {backend: mean compile
-        s per segment}) of the instances whose backend compiled them (a piece
-        that fell back measures nothing), or None when not one backend was measured."""
+        s per segment}, {each label of a whole candidate: ms}) of the instances whose backend
+        compiled them (a piece that fell back measures nothing), or None when not one
+        backend was measured."""
         opts = self._opts
         layouts = probe_layouts(segs)
         base = self.candidates[0].plan
@@ -761,12 +777,20 @@ class MeasuredGraph:
                 probes.append((fn, timed))
         if not probes:
             return None
+        refs = [(self._ready[c.label][0], c.label) for c in whole if c.label in self._ready]
+        labels = {c.label: c.labels for c in whole}
         samples: dict = {}
         for r in range(opts.repeats):
             if r and time.perf_counter() - start > opts.time_budget_s:
                 break
-            shift = r % len(probes)
-            for fn, timed in probes[shift:] + probes[:shift]:
+            order = probes + refs
+            shift = r % len(order)
+            for fn, timed in order[shift:] + order[:shift]:
+                if isinstance(timed, str):  # a whole-graph candidate, end to end
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    samples.setdefault(timed, []).append((time.perf_counter() - t0) * 1e3)
+                    continue
                 for piece, _ in timed:
                     piece.timed = True
                 before = [piece.record.run_s for piece, _ in timed]
@@ -782,13 +806,18 @@ class MeasuredGraph:
             for piece, (size, _, b) in timed:
                 compiles.setdefault(b, []).append(piece.record.compile_s / size)
         single, pair = {}, {}
+        whole_ms = {other: statistics.median(samples[label]) for _, label in refs
+                    if label in samples for other in labels[label]}
+        for _, label in refs:
+            samples.pop(label, None)
         for (size, kind, b), xs in samples.items():
             (single if size == 1 else pair)[(kind, b)] = statistics.median(xs)
         for fn, timed in probes:
             for piece, what in timed:
                 per_part[(piece.record.backend, piece.node_names)] = \
                     statistics.median(samples[what])
-        return single, pair, {b: statistics.mean(xs) for b, xs in compiles.items()}
+        return (single, pair, {b: statistics.mean(xs) for b, xs in compiles.items()},
+                whole_ms)
 
     def _pick(self, lowered: bool = True) -> Optional[Candidate]:
         """The fastest eligible candidate, measured or else estimated (a lower-precision
