@@ -157,10 +157,23 @@ class Arbiter:
             for op in (*self.config.exclude_ops, *self.config.pin))
         self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
         self._warned: set = set()
-        if not dry_run:  # one thread budget and arena per process, before any compile
-            apply_resources(self.config.resources,
-                            [b for n, b in self.backends.items() if n not in self.unavailable],
-                            first_backend=self.config.backends[0].name)
+        # one thread budget and arena per process, applied at the first graph (before any
+        # compile): `spin: auto` depends on whether that graph trains (_apply_resources)
+        self._resources_applied = dry_run
+
+    def apply_resources(self, training: bool = False) -> dict[str, Any]:
+        """Apply the config's ``resources:`` now (run/resources.py; the first Arbiter of
+        the process fixes the budget) and return the settings in force. Done by itself
+        at this Arbiter's first graph, with ``training`` true when that graph trains
+        (grad mode on, an input that requires grad: AOTAutograd makes a forward and a
+        backward graph), which ``spin: auto`` reads (docs/resources.md); call it first
+        to use a backend's sessions before any compile."""
+        self._resources_applied = True
+        return apply_resources(self.config.resources,
+                               [b for n, b in self.backends.items()
+                                if n not in self.unavailable],
+                               first_backend=self.config.backends[0].name,
+                               training=training)
 
     def _add_variants(self) -> None:
         """Config `accuracy`: the lower-precision variants the configured backends offer
@@ -197,6 +210,9 @@ class Arbiter:
                 "Arbiter(config), or use backend=\"arbiter\", which reads options and mode",
                 file="torch.compile(...)", key=sorted(kwargs)[0])
         owner = current_owner()  # the compiled model this graph belongs to (its report)
+        if not self._resources_applied:
+            self.apply_resources(training=torch.is_grad_enabled() and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs))
         with self._lock:
             first = not self._dynamo_graphs
             self._dynamo_graphs.append(dynamo_graph(gm, owner))

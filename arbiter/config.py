@@ -184,9 +184,11 @@ class ResourcesOptions(BaseModel):
     spin: str = Field(
         "auto", description="the one backend whose idle threads may keep spinning after "
         "a run (lower latency for itself, stolen cores for the others); `none`: no "
-        "backend's; `auto`: the first of `backends:` (it takes the most nodes; without its spinning "
-        "pool ONNX Runtime runs on one thread: GPT-2 small 224 ms against 126 ms, "
-        "bench/README.md)")
+        "backend's; `auto`: the first of `backends:` (it takes the most nodes), or none "
+        "when the process's first compiled graph trains (grad on, an input requiring "
+        "grad): eager work runs between the backends' calls in a training step and a "
+        "spinning pool takes its cores (ResNet-18's step 131 ms against 74 ms, "
+        "docs/resources.md). The budget is fixed at the process's first graph")
     shared_arena: bool = Field(True, description="backends that can share one memory "
                                "arena across their sessions do (ONNX Runtime)")
     coordinate: bool = Field(True, description="false: leave every backend's threads, "

@@ -3,7 +3,9 @@ Inductor (`torch.compile` default), arbiter's `default` and `cpu_all` configs, a
 default config with one key changed (``OVER_DEFAULT``): `arbiter:measure` (policy
 `measure`), `arbiter:untimed` (`against_eager: off`: the priority plan untimed, as the
 default was before) and `arbiter:random_backend` (`random: backend`: dropout drawn by a
-backend, so its first loss differs from eager's by the draws).
+backend, so its first loss differs from eager's by the draws), `arbiter:spin`
+(`resources: {spin: onnxruntime}`: ONNX Runtime's global pool spinning, the default's
+setting before 2026-11-24).
 
 Models (train mode: dropout on, batch norm with batch statistics; random weights):
   bert    transformers' BertModel, hidden 256, 4 layers, 4 heads, seq 128, batch 8
@@ -37,7 +39,8 @@ VARIANTS = ["eager", "inductor", "arbiter:default", "arbiter:untimed", "arbiter:
             "arbiter:measure", "arbiter:random_backend"]
 #: arbiter variants that are the default config with these keys replaced
 OVER_DEFAULT = {"measure": {"policy": "measure"}, "untimed": {"against_eager": "off"},
-                "random_backend": {"random": "backend"}}
+                "random_backend": {"random": "backend"},
+                "spin": {"resources": {"spin": "onnxruntime"}}}
 MODELS = ["bert", "gpt2", "resnet18"]
 
 

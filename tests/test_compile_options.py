@@ -135,13 +135,14 @@ def test_resources_warning_prints_once(fresh_dynamo):
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("arbiter").addHandler(handler)
-    arbiter.Arbiter({"backends": ["onnxruntime"]})  # the process's budget is set by now
+    arbiter.Arbiter({"backends": ["onnxruntime"]}).apply_resources()  # the budget is set
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(3):
                 arbiter.Arbiter({"backends": ["onnxruntime"],
-                                 "resources": {"spin": "none", "threads": 1}})
+                                 "resources": {"spin": "none", "threads": 1}}
+                                ).apply_resources()
     finally:
         logging.getLogger("arbiter").removeHandler(handler)
     ours = [w for w in caught if "resources:" in str(w.message)]

@@ -53,6 +53,7 @@ SESSIONS = """
     import json, numpy as np, onnxruntime, torch, arbiter
     before = status("Threads")  # the pools are made when the budget is applied
     be = arbiter.Arbiter({{"backends": ["onnxruntime"], "resources": {resources}}})
+    be.apply_resources()  # done at the first graph otherwise
     ort_backend = be.backends["onnxruntime"]
     x = np.random.rand(1024, 1024).astype(np.float32)
     rss0 = status("VmRSS")
@@ -131,12 +132,12 @@ def test_shared_arena_is_used_and_keeps_memory_flat():
 def test_budget_is_applied_once_and_a_different_second_config_warns():
     got = run_py("""
         import json, warnings, torch, arbiter
-        arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}})
+        arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}}).apply_resources()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}})
+            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}}).apply_resources()
             same = len(w)
-            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 2}})
+            arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 2}}).apply_resources()
         print(json.dumps({"same": same, "msgs": [str(x.message) for x in w],
                           "torch_threads": torch.get_num_threads()}))
     """)
@@ -269,3 +270,25 @@ def test_inductor_and_openvino_take_the_budget_threads(monkeypatch):
     backend = ov()
     assert backend.configure_resources(budget)["INFERENCE_NUM_THREADS"] == 1
     assert backend.properties()["INFERENCE_NUM_THREADS"] == 1
+
+
+@pytest.mark.parametrize("trains,spin", [(True, "none"), (False, "onnxruntime")])
+def test_spin_auto_decides_at_the_first_graph_whether_it_trains(trains, spin):
+    """`spin: auto` (the default config): the budget is applied at the process's first
+    graph; a graph that trains leaves every backend's pool quiet (eager work runs between
+    its calls), an inference graph gives the spin to the first backend."""
+    got = run_py(f"""
+        import json, torch, arbiter
+        be = arbiter.Arbiter("default")
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        x = torch.randn(4, 8)
+        if {trains}:
+            torch.compile(m, backend=be)(x).sum().backward()
+        else:
+            with torch.no_grad():
+                torch.compile(m, backend=be)(x)
+        r = be.report(advice=False).resources
+        print(json.dumps({{"spin": r["budget"]["spin"], "ort": r["onnxruntime"]}}))
+    """)
+    assert got["spin"] == spin, got
+    assert ("global" in got["ort"]["pool"]) is (spin == "onnxruntime"), got

@@ -89,16 +89,21 @@ def auto_threads() -> int:
     return threads
 
 
-def resolve(options: Any, first_backend: str = "none") -> Budget:
+def resolve(options: Any, first_backend: str = "none", training: bool = False) -> Budget:
     """A Budget from the config's ``resources:`` (``config.ResourcesOptions``).
 
     ``spin: auto`` gives the spin to ``first_backend``, the config's first backend, which
     by priority takes the most nodes: a backend whose pool may not spin may get fewer
     threads (ONNX Runtime's global pool gets no workers), and the backend doing most of
-    the work needs them most."""
+    the work needs them most; with ``training`` (the process's first graph trains) to no
+    backend: eager work runs between the backends' calls in a training step (the
+    optimizer step, graphs eager runs faster), and a spinning pool takes its cores
+    (docs/resources.md)."""
     threads = auto_threads() if options.threads == "auto" else bounded_threads(
         int(options.threads), "resources.threads")
-    spin = first_backend if options.spin == "auto" else options.spin
+    spin = options.spin
+    if spin == "auto":
+        spin = "none" if training else first_backend
     return Budget(threads=threads, spin=spin, shared_arena=options.shared_arena,
                   coordinate=options.coordinate)
 
@@ -119,7 +124,8 @@ _configured: set[str] = set()        # backends already given the budget
 _warned: set[str] = set()            # conflicting settings already warned about
 
 
-def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") -> dict[str, Any]:
+def apply(options: Any, backends: Iterable[Any], first_backend: str = "none",
+          training: bool = False) -> dict[str, Any]:
     """Apply the config's ``resources:`` to torch and ``backends``, once per process.
 
     The first call fixes the process's budget; later calls configure backends not
@@ -127,7 +133,7 @@ def apply(options: Any, backends: Iterable[Any], first_backend: str = "none") ->
     own options ask for something else. Returns the settings in force.
     """
     global _budget
-    wanted = resolve(options, first_backend)
+    wanted = resolve(options, first_backend, training)
     with _lock:
         if _budget is None:
             _budget = wanted
