@@ -106,7 +106,7 @@ def test_compile_timeout_with_real_backends_and_training(fresh_dynamo):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     ref.load_state_dict(model.state_dict())
-    be = arbiter.Arbiter(dict(TWO, compile_timeout_s=600))
+    be = arbiter.Arbiter(dict(TWO, compile_timeout_s=600, against_eager="off"))
     x = torch.randn(5, 8)
     out = torch.compile(model, backend=be)(x)
     out.sum().backward()

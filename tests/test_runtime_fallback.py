@@ -108,7 +108,8 @@ def test_run_failure_in_training_graphs(make_backend, fresh_dynamo):
     calls: list = []
     make_backend("runfail", OPS + ["aten.threshold_backward.default"],
                  compile=_run_failer(calls))
-    be = arbiter.Arbiter({"backends": ["runfail"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["runfail"], "min_block_size": 1,
+                          "against_eager": "off"})
     compiled = torch.compile(f, backend=be)
     x = torch.randn(4, 4, requires_grad=True)
     xr = x.detach().clone().requires_grad_()
