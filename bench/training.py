@@ -78,6 +78,35 @@ def build(name: str):
     return model.train(), x
 
 
+def time_steps(fn, model, x, steps: int, sync=lambda: None) -> tuple[float, float, list]:
+    """A first step (it compiles) and ``steps`` more, each after ``sync()`` (DDP: a
+    barrier): ``zero_grad``, ``fn(x).pow(2).mean()``, backward, SGD with momentum on
+    ``model``'s parameters. Returns (first step s, its loss, the other steps' s)."""
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = fn(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    torch.manual_seed(1)
+    sync()
+    start = time.perf_counter()
+    first_loss = step()
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return first, first_loss, times
+
+
 def one(name: str, variant: str, steps: int) -> dict:
     import torch
 
@@ -101,24 +130,7 @@ def one(name: str, variant: str, steps: int) -> dict:
         fn = torch.compile(model, backend=be)
     else:
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = fn(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    torch.manual_seed(1)
-    start = time.perf_counter()
-    first_loss = step()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    first, first_loss, times = time_steps(fn, model, x, steps)
     ran = ""
     if variant.startswith("arbiter:"):  # what ran where: kind -> backends (timed choice)
         ran = "; ".join(

@@ -24,7 +24,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from training import time_steps  # this directory: the same step as training.py's
 
 VARIANTS = ["eager", "inductor", "arbiter:default"]
 WORLD = 2
@@ -76,26 +77,7 @@ def rank_main(rank: int, store: str, out: str, variant: str, layers: int, steps:
                 config = config.model_copy(update={"resources": config.resources.model_copy(
                     update={"threads": int(threads[0].split("=")[1])})})
             fn = torch.compile(ddp, backend=arbiter.Arbiter(config))
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-        def step() -> float:
-            opt.zero_grad(set_to_none=True)
-            loss = fn(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        torch.manual_seed(1)
-        dist.barrier()
-        start = time.perf_counter()
-        first_loss = step()
-        first = time.perf_counter() - start
-        times = []
-        for _ in range(steps):
-            dist.barrier()
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
+        first, first_loss, times = time_steps(fn, model, x, steps, sync=dist.barrier)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump({"variant": variant, "first_s": first,
