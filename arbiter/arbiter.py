@@ -158,7 +158,7 @@ class Arbiter:
         self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
         self._warned: set = set()
         # one thread budget and arena per process, applied at the first graph (before any
-        # compile): `spin: auto` depends on whether that graph trains (_apply_resources)
+        # compile): `spin: auto` depends on whether that graph trains (apply_resources)
         self._resources_applied = dry_run
 
     def apply_resources(self, training: bool = False) -> dict[str, Any]:

@@ -294,26 +294,34 @@ FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 FLASH_BW = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
+def _assert_flash_equals_the_kernel(q, k, v, causal, **kwargs):
+    """arbiter's attention forward (output, logsumexp) and backward (from that logsumexp)
+    against the CPU kernel's, with ``kwargs`` (scale, attn_mask); returns the kernel's
+    logsumexp."""
+    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
+
+    out, lse = FLASH(q, k, v, 0.0, causal, **kwargs)[:2]
+    got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, **kwargs)
+    torch.testing.assert_close(got_out, out)
+    torch.testing.assert_close(got_lse, lse)
+    g = torch.randn_like(out)
+    want = FLASH_BW(g, q, k, v, out, lse, 0.0, causal, **kwargs)
+    got = _flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal, **kwargs)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a)
+    return lse
+
+
 @pytest.mark.parametrize("causal,scale,lengths", [(False, None, (7, 7)), (True, None, (6, 6)),
                                                   (True, 0.3, (5, 9)), (False, 0.5, (8, 3))])
 def test_flash_attention_decompositions_equal_aten(causal, scale, lengths):
     """arbiter's attention forward returns the kernel's real logsumexp (PyTorch's
     decomposition returns the attention matrix in its place), and its backward from that
     logsumexp equals the kernel's gradients."""
-    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
-
     torch.manual_seed(sum(lengths))
     q = torch.randn(2, 3, lengths[0], 8, dtype=torch.float64)
     k, v = (torch.randn(2, 3, lengths[1], 8, dtype=torch.float64) for _ in range(2))
-    out, lse = FLASH(q, k, v, 0.0, causal, scale=scale)[:2]
-    got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-    torch.testing.assert_close(got_out, out)
-    torch.testing.assert_close(got_lse, lse)
-    g = torch.randn_like(out)
-    want = FLASH_BW(g, q, k, v, out, lse, 0.0, causal, scale=scale)
-    got = _flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal, scale=scale)
-    for a, b in zip(want, got):
-        torch.testing.assert_close(b, a)
+    lse = _assert_flash_equals_the_kernel(q, k, v, causal, scale=scale)
     from torch._decomp import decomposition_table
 
     assert decomposition_table[FLASH](q, k, v, 0.0, causal, scale=scale)[1].shape != lse.shape
@@ -325,8 +333,6 @@ def test_flash_attention_decompositions_with_a_mask_equal_aten(causal, mask_shap
     """An additive mask (what SDPA hands the CPU kernel; -inf where a key is masked),
     broadcast over batch and heads, rows it leaves no key (the kernel's output 0 and
     logsumexp 0) included: outputs, logsumexp and gradients equal the kernel's."""
-    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
-
     torch.manual_seed(len(mask_shape) + causal)
     q = torch.randn(2, 3, 6, 8, dtype=torch.float64)
     k, v = (torch.randn(2, 3, 9, 8, dtype=torch.float64) for _ in range(2))
@@ -334,15 +340,7 @@ def test_flash_attention_decompositions_with_a_mask_equal_aten(causal, mask_shap
     mask = mask.masked_fill(torch.rand(*mask_shape) < 0.3, float("-inf"))
     if mask_shape[-2] > 1:
         mask[..., 2, :] = float("-inf")  # a row with no key
-    out, lse = FLASH(q, k, v, 0.0, causal, attn_mask=mask)[:2]
-    got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
-    torch.testing.assert_close(got_out, out)
-    torch.testing.assert_close(got_lse, lse)
-    g = torch.randn_like(out)
-    want = FLASH_BW(g, q, k, v, out, lse, 0.0, causal, attn_mask=mask)
-    got = _flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal, attn_mask=mask)
-    for a, b in zip(want, got):
-        torch.testing.assert_close(b, a)
+    _assert_flash_equals_the_kernel(q, k, v, causal, attn_mask=mask)
 
 
 def test_probe_checks_the_logsumexp_a_backward_reads():
