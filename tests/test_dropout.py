@@ -192,7 +192,9 @@ def test_mlp_dropout_on_onnxruntime(fresh_dynamo):
     torch.manual_seed(0)
     model, x = MLP(), (torch.randn(16, 32),)
     ref = copy.deepcopy(model)
-    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+    # the plan under test, untimed (eager may win the timing against it: against_eager)
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1,
+                          "against_eager": "off"})
     got = _train(model, x, 2, torch.compile(model, backend=be))
     want = _train(ref, x, 2)
     for (gl, gg, gr), (wl, wg, wr) in zip(got, want):
@@ -219,7 +221,9 @@ def test_exact_ops_on_onnxruntime_bit_equal(fresh_dynamo):
     torch.manual_seed(0)
     model, x = Exact(), (torch.randn(64, 48),)
     ref = copy.deepcopy(model)
-    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1})
+    # the plan under test, untimed (eager may win the timing against it: against_eager)
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1,
+                          "against_eager": "off"})
     _assert_bit_equal_steps(_train(model, x, 3, torch.compile(model, backend=be)),
                             _train(ref, x, 3))
     assert [b for b, _ in _partitions(be, "forward")] == ["eager", "onnxruntime"]
