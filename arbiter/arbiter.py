@@ -34,6 +34,7 @@ from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
 from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line
+from .findings import findings
 from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
@@ -45,6 +46,7 @@ from .report.advice import advise
 from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
                            kind_reports, shape_eager_share)
 from .run.dynamic import chain_labels, shape_chain
+from .run.first_use import FirstUse
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
@@ -126,6 +128,8 @@ class Arbiter:
                                                              self.config.cache.max_size_gb)
         for backend in self.backends.values():
             backend.artifact_cache = self.cache
+        findings().attach(self.cache)  # what first-use checks found, kept between processes
+        self._first_use = FirstUse(self.config.verify.tolerances)
         self.planner = Planner(
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
@@ -392,7 +396,8 @@ class Arbiter:
                 record = PieceRecord(part.id, part.backend, chain_labels(chain))
                 piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
                               compile_timeout_s=self.config.compile_timeout_s,
-                              lowered_verify=self._lowered_verify)
+                              lowered_verify=self._lowered_verify,
+                              first_use=self._first_use)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)

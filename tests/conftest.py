@@ -108,6 +108,17 @@ def _arbiter_cache_dir(tmp_path_factory):
         os.environ["ARBITER_CACHE_DIR"] = saved
 
 
+@pytest.fixture(autouse=True)
+def _forget_findings():
+    """What a test's first-use checks found (arbiter/findings.py: process-wide, and in
+    the session's cache) does not reach the next test, whose backends of the same name
+    may compute otherwise."""
+    yield
+    from arbiter.findings import findings
+
+    findings().forget()
+
+
 @pytest.fixture
 def registry():
     """Snapshot ``arbiter.registry._REGISTRY`` and restore it after the test."""

@@ -262,7 +262,8 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
                   if p.verify_max_error is not None else f"{p.verify_checks}x")
                  if p.verify_checks else "",
                  (f"NaN/inf guard ({', '.join(p.nonfinite_guard)}): "
-                  f"{p.nonfinite_eager_calls} calls in eager") if p.nonfinite_guard else ""]))
+                  f"{p.nonfinite_eager_calls} calls in eager") if p.nonfinite_guard else "",
+                 *(c.line() for c in p.first_use)]))
              or "-",
              ", ".join(f"{b} {ms:.3f}" for b, ms in p.measured_ms.items()) or "-",
              "; ".join(f"{f.stage}: {f.from_backend} -> {f.to_backend}: {f.reason}"

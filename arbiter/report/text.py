@@ -60,6 +60,7 @@ class Table:
 Item = Union[Line, Table]
 
 
+
 def _short(op: str) -> str:
     return op.removeprefix("aten.").removesuffix(".default")
 
@@ -273,6 +274,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         if p.verify_checks:
             err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
             notes.append(f"verified {p.verify_checks}x against eager{err}")
+        notes += [c.line() for c in p.first_use]
         if p.measured_ms:
             notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
                                                  for b, ms in p.measured_ms.items()))
