@@ -23,7 +23,7 @@ def add_arguments(parser) -> None:
     where.add_argument("--config", default=None,
                        help="a config (path or shipped name) whose cache.dir to use")
     parser.add_argument("--kind", default=None,
-                        help="only entries of this kind (onnx, decision)")
+                        help="only entries of this kind (onnx, decision, finding, ...)")
 
 
 def _human(n: float) -> str:
