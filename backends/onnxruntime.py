@@ -20,7 +20,9 @@ Runtime and handed over as a tensor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from pathlib import Path
 from typing import Literal, Optional, Union
 
 import torch
@@ -548,12 +550,31 @@ def _to_int8(model, per_channel: bool):
     with tempfile.TemporaryDirectory(prefix="arbiter-int8-") as tmp, quiet(), \
             _no_root_warnings():
         out = os.path.join(tmp, "int8.onnx")
+        # Without VNNI (AVX2 only) the u8 x s8 kernels add pairs of products in int16,
+        # which saturates: 7-bit weights avoid it (onnxruntime.quantization's
+        # reduce_range). Seen here on an AVX2-only AMD EPYC: error 0.21 against 0.03.
         quantize_dynamic(model, out, op_types_to_quantize=["MatMul", "Gemm"],
-                         per_channel=per_channel, weight_type=QuantType.QInt8)
+                         per_channel=per_channel, weight_type=QuantType.QInt8,
+                         reduce_range=not _has_vnni())
         quantized = onnx.load(out)
     if not any(n.op_type in _INT8_OPS for n in quantized.graph.node):
         raise RuntimeError("precision int8: quantize_dynamic quantized no MatMul/Gemm")
     return quantized
+
+
+@functools.lru_cache(maxsize=None)
+def _has_vnni() -> bool:
+    """Whether this x86 CPU has VNNI (int8 dot products without int16 saturation);
+    True elsewhere (ARM's int8 dot products do not saturate either)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return False  # unknown: 7-bit weights are safe everywhere
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 @contextlib.contextmanager
