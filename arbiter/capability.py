@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .decompose import KEEPS_OP, NotDecomposable, for_names
+from .decompose import NotDecomposable, for_names
 from .findings import findings
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
@@ -299,8 +299,10 @@ class CapabilityTable:
             if decomps.applies(node):
                 if not decomps.keeps(node):
                     return _refuse_decomposed(backend, decomps, node, name)
-                # the decomposition declines these arguments: judged whole, as it is
-                declined = f" (it is decomposed for {backend.name}, but {KEEPS_OP} here)"
+                # the decomposition declines these arguments, or the node is symbolic:
+                # judged whole, as it is
+                declined = (f" (it is decomposed for {backend.name}, but "
+                            f"{decomps.kept_because(node)} here)")
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest{declined}"
