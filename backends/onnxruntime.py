@@ -1,10 +1,11 @@
 """ONNX Runtime (CPU execution provider by default).
 
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
-dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
-here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
-folds and prepacks. The exporter's ATen -> ONNX registry is built once per process, not
-once per partition (``_registry_once``).
+dynamo=True)``, which uses onnxscript's ATen library), shared with TensorRT
+(``backends/_onnx_export.py``); what the export gets wrong is refused there
+(``EXPORT_VALIDATORS``). Weights baked into the partition
+become ONNX initializers, which ONNX Runtime folds and prepacks. The exporter's ATen ->
+ONNX registry is built once per process, not once per partition.
 
 Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
@@ -32,8 +33,9 @@ from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._export import Runner, check_inputs, outputs_of, quiet, range_key
 from ._nonfinite import ExactNonfinite
-from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
+from ._onnx_export import EXPORT_VALIDATORS, export_onnx
 
 log = logging.getLogger(__name__)
 
@@ -106,26 +108,7 @@ class OrtOptions(BaseModel):
         "weight (quantize_dynamic's per_channel) rather than one per tensor")
 
 
-def _batch_norm_training(node) -> Optional[str]:
-    # The exporter translates training-mode batch norm with ONNX's BatchNormalization,
-    # which normalizes with the running statistics: measured wrong by 0.24 on the small CNN.
-    schema = node.target._schema
-    names = [a.name for a in schema.arguments]
-    if "training" in names:
-        i = names.index("training")
-        training = node.args[i] if i < len(node.args) else node.kwargs.get("training", False)
-        if training:
-            return "training-mode batch norm (batch statistics) is exported with running statistics"
-    return None
-
-
-_VALIDATORS = {
-    "aten._native_batch_norm_legit_functional": _batch_norm_training,
-    "aten._native_batch_norm_legit": _batch_norm_training,
-    "aten.native_batch_norm": _batch_norm_training,
-    "aten._batch_norm_with_update_functional": _batch_norm_training,
-    "aten.batch_norm": _batch_norm_training,
-}
+_VALIDATORS = dict(EXPORT_VALIDATORS)
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
@@ -369,67 +352,6 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
             if any(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
                 return ("MatmulTransposeFusion",)
     return ()
-
-
-#: (class, from_torchlib's arguments, ops registered with torch) -> the registry built
-_REGISTRIES: dict = {}
-
-
-@contextlib.contextmanager
-def _registry_once():
-    """``torch.onnx.export`` builds its registry of ATen -> ONNX translations afresh on
-    every call (about 1 s: onnxscript's torchlib walked, every op looked up), and arbiter
-    exports once per partition and per candidate. Within this block the registry is built
-    once per process and every export gets its own copy of it (a dict of lists: an
-    exporter that adds custom translations changes only its copy). Key: the arguments and
-    the number of operators registered with torch (a library loaded since, with ops
-    torchlib translates, gets a new registry, as it would have). Where the registry holds
-    more than the two fields copied (another torch), nothing is cached."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-        real = _registration.ONNXRegistry.__dict__["from_torchlib"]
-        # another thread's export inside this block (a compile left running past
-        # compile_timeout_s): restore torch's own method, not that thread's stand-in
-        real = getattr(real.__func__, "_arbiter_real", real)
-        build = real.__func__
-    except Exception:  # noqa: BLE001 - another torch: its own registry every time
-        yield
-        return
-    ops = len(torch._C._dispatch_get_all_op_names())
-
-    def from_torchlib(cls, *args, **kwargs):
-        key = (cls, args, tuple(sorted(kwargs.items())), ops)
-        base = _REGISTRIES.get(key)
-        if base is None:
-            base = build(cls, *args, **kwargs)
-            if set(vars(base)) != {"_opset_version", "functions"}:
-                return base
-            _REGISTRIES.clear()  # one kept: the ops count only grows
-            _REGISTRIES[key] = base
-        copy = cls.__new__(cls)
-        copy._opset_version = base._opset_version
-        copy.functions = {k: list(v) for k, v in base.functions.items()}
-        return copy
-
-    from_torchlib._arbiter_real = real
-    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
-    try:
-        yield
-    finally:
-        _registration.ONNXRegistry.from_torchlib = real
-
-
-def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
-                dynamic: bool = False):
-    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
-    ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
-    with quiet(), _registry_once():
-        # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
-        # strict export would run Dynamo inside the user's compiled call
-        exported = export_program(gm, args, dynamic=dynamic)
-        program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
-                                    verbose=False, report=False)
-    return program.model_proto
 
 
 # -- lower precision (docs/precision.md) ------------------------------------------------

@@ -36,8 +36,9 @@ from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
-from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
+from ._nonfinite import ExactNonfinite
+from ._openvino_checks import VALIDATORS
 
 log = logging.getLogger(__name__)
 
@@ -124,30 +125,6 @@ _TORCH_TO_OV = {
 }
 
 
-def _cat_of_legacy_empty(node) -> Optional[str]:
-    # torch.cat skips 1-D empty tensors whatever the other inputs' rank (a legacy rule
-    # transformers' DynamicCache relies on: GPT-2's first key/value cat); OpenVINO's
-    # Concat rejects them: "Axis -2 out of the tensor rank range [-1, 0]".
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors", ())
-    vals = [t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in tensors]
-    ranks = {v.dim() for v in vals if isinstance(v, torch.Tensor)}
-    if len(ranks) > 1 and any(isinstance(v, torch.Tensor) and tuple(v.shape) == (0,)
-                              for v in vals):
-        return "cat of a 1-D empty tensor with tensors of higher rank (OpenVINO's Concat rejects it)"
-    return None
-
-
-def _full_variance(node) -> Optional[str]:
-    # Measured (openvino 2026.4, `arbiter probe openvino --ops var std`): a variance over
-    # every dimension with a correction is wrong (error 0.007 on a 5x5x5 tensor, 0.195 on
-    # OpInfo's sample); over given dimensions, and with correction 0, it is right.
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    correction = node.kwargs.get("correction", 1)
-    if dim in (None, []) and correction != 0:
-        return "variance over all dimensions with a correction is computed wrongly"
-    return None
-
-
 #: Ops whose results differ from eager when an input holds NaN (openvino 2026.4, CPU,
 #: float32; `arbiter probe openvino --dtypes float32`, which feeds NaN, +-inf, -0.0 and
 #: huge values one kind at a time, and single values by hand, 2026-11-23): a NaN vanishes
@@ -196,10 +173,6 @@ def _to_bool(node) -> Optional[str]:
     return None
 
 
-_VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
-               "aten.concatenate.default": _cat_of_legacy_empty,
-               "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
-               "aten.var_mean.correction": _full_variance}
 _NONFINITE_CHECKS = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool}
 
 
@@ -209,7 +182,7 @@ class OpenVino(ExactNonfinite, Backend):
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-    own_validators = _VALIDATORS
+    own_validators = VALIDATORS
     nonfinite_checks = _NONFINITE_CHECKS
 
     def available(self) -> tuple[bool, str]:
