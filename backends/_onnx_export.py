@@ -12,6 +12,9 @@ from typing import Optional
 
 import torch
 
+from arbiter.capability import used_outputs
+
+from ._edge_values import argument
 from ._export import export_program, quiet
 
 
@@ -81,14 +84,50 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
 def _batch_norm_training(node) -> Optional[str]:
     # The exporter translates training-mode batch norm with ONNX's BatchNormalization,
     # which normalizes with the running statistics: measured wrong by 0.24 on the small CNN.
-    schema = node.target._schema
-    names = [a.name for a in schema.arguments]
-    if "training" in names:
-        i = names.index("training")
-        training = node.args[i] if i < len(node.args) else node.kwargs.get("training", False)
-        if training:
-            return "training-mode batch norm (batch statistics) is exported with running statistics"
+    if argument(node, "training", False):
+        return "training-mode batch norm (batch statistics) is exported with running statistics"
     return None
+
+
+_BAG_OUTPUTS = {1: "offset2bag", 2: "bag_size", 3: "max_indices"}
+
+
+def _embedding_bag(node) -> Optional[str]:
+    """torchlib computes an embedding bag's result (output 0) right, but returns its
+    other outputs as zeros of the right shape, "only the shape" (onnxscript 0.7.2),
+    where eager computes them and the backward reads them (mean and max: error 3.8 and
+    7.7 on the weight's gradient). Measured against eager (CPU), every mode, offsets
+    with an empty bag, include_last_offset, per_sample_weights, padding_idx:
+
+    * mean and max: offset2bag, bag_size and max_indices are all wrong;
+    * sum: eager's bag_size and max_indices are zeros too; its offset2bag is empty on
+      its fast path (as the export's) and filled otherwise (padding_idx, float64),
+      where the export's zeros are wrong; with include_last_offset the export's
+      bag_size and max_indices have one element too many (the run fails: loud).
+
+    Refused when a node reads one of those wrong outputs (a training graph's forward
+    returns them for the backward); inference graphs read output 0 only."""
+    used = used_outputs(node) - {0}
+    if not used:
+        return None
+    mode = argument(node, "mode", 0)
+    if mode == 0:
+        val = node.meta.get("val")
+        wrong = set()
+        if 1 in used and isinstance(val, (tuple, list)) and \
+                tuple(val[1].shape) != (0,):
+            wrong.add(1)
+        if argument(node, "include_last_offset", False):
+            wrong |= used & {2, 3}
+        if not wrong:
+            return None
+    else:
+        wrong = used
+    names = ", ".join(f"{k} ({_BAG_OUTPUTS[k]})" for k in sorted(wrong))
+    return (f"output{'s' if len(wrong) > 1 else ''} {names} read here, and the ONNX "
+            f"export returns {'them' if len(wrong) > 1 else 'it'} as zeros where eager "
+            f"computes {'them' if len(wrong) > 1 else 'it'} (the backward reads "
+            f"{'them' if len(wrong) > 1 else 'it'}: wrong weight gradients)")
 
 
 #: Validators of the nodes the export computes unlike eager.
@@ -98,4 +137,7 @@ EXPORT_VALIDATORS = {
     "aten.native_batch_norm": _batch_norm_training,
     "aten._batch_norm_with_update_functional": _batch_norm_training,
     "aten.batch_norm": _batch_norm_training,
+    "aten._embedding_bag": _embedding_bag,
+    "aten._embedding_bag_forward_only": _embedding_bag,
+    "aten.embedding_bag": _embedding_bag,
 }

@@ -1,12 +1,17 @@
 """What OpenVINO (2026.4, CPU plugin) computes unlike eager on finite values, refused by
 the OpenVINO backend's validators whatever its ``exact_nonfinite`` says (the NaN and inf
-differences are its ``_NONFINITE`` table, backends/openvino.py). Each was measured.
+differences are its ``_NONFINITE`` table, backends/openvino.py). Each was measured
+(docs/robustness.md, "Edge values" for those of issue 25).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+
+from arbiter.capability import used_outputs
+
+from ._edge_values import argument
 
 
 def _cat_of_legacy_empty(node) -> Optional[str]:
@@ -33,9 +38,26 @@ def _full_variance(node) -> Optional[str]:
     return None
 
 
+def _embedding_bag(node) -> Optional[str]:
+    # Measured against eager (every mode, offsets with an empty bag, include_last_offset,
+    # per_sample_weights, padding_idx): the frontend ignores padding_idx (the padded rows
+    # are summed: error 4.6 on the result); it converts only output 0 (with offset2bag,
+    # bag_size or max_indices returned, conversion fails); max mode and
+    # include_last_offset do not convert either (loud, left to fail).
+    if argument(node, "padding_idx", -1) not in (None, -1):
+        return "embedding_bag with padding_idx: OpenVINO counts the padded rows"
+    used = used_outputs(node) - {0}
+    if used:
+        return (f"embedding_bag outputs {sorted(used)} (offset2bag, bag_size, max_indices) "
+                "are read here: OpenVINO converts only output 0")
+    return None
+
+
 VALIDATORS = {
     "aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
     "aten.concatenate.default": _cat_of_legacy_empty,
     "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
     "aten.var_mean.correction": _full_variance,
+    "aten._embedding_bag": _embedding_bag, "aten._embedding_bag_forward_only": _embedding_bag,
+    "aten.embedding_bag": _embedding_bag,
 }
