@@ -1,9 +1,22 @@
-"""The ONNX export shared by ONNX Runtime and TensorRT.
+"""The ONNX export shared by ONNX Runtime and TensorRT, and what it computes unlike eager.
 
 A partition is translated by PyTorch's own exporter (``torch.onnx.export(...,
 dynamo=True)``, onnxscript's ATen library "torchlib"); ``export_onnx`` builds the
-exporter's registry once per process (``_registry_once``). What the export gets wrong is
-refused by ``EXPORT_VALIDATORS`` (the ONNX Runtime and TensorRT backends apply them).
+exporter's registry once per process (``_registry_once``) and hands the exporter the
+translations below in place of torchlib's. What the export gets wrong and no
+translation here fixes is refused by ``EXPORT_VALIDATORS`` (the ONNX Runtime and
+TensorRT backends apply them); docs/robustness.md lists both ("Edge values", issue 25).
+
+Translations (``TRANSLATIONS``):
+
+* floating ``remainder``: torchlib computes ``a - floor(a / b) * b``, which loses the
+  remainder once ``a / b`` outgrows the mantissa (``1e8 % 3`` in float32 was 0, eager
+  says 1). ATen takes ``fmod(a, b)`` (exact) and adds ``b`` where the signs of the
+  result and ``b`` differ; so does this one (ONNX ``Mod`` with ``fmod=1``), in float32
+  for 16-bit floats as ATen does. Integer remainders keep torchlib's ``Mod``.
+
+``EXPORT_REVISION`` changes whenever what the export produces for a graph changes: it is
+part of every cached ONNX model's key, so a model exported before a fix is not reused.
 """
 from __future__ import annotations
 
@@ -14,8 +27,54 @@ import torch
 
 from arbiter.capability import used_outputs
 
-from ._edge_values import argument
+from ._edge_values import MEANS, argument, empty_reduction
 from ._export import export_program, quiet
+
+#: Part of the cache key of every exported model (see the module docstring).
+EXPORT_REVISION = 2
+
+
+# -- translations ------------------------------------------------------------------------
+def _translations() -> dict:
+    """{ATen overload: onnxscript function} for ``custom_translation_table``; built on
+    first use (onnxscript is imported only by an export)."""
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
+
+    def remainder(self: TTensor, other: TTensor) -> TTensor:
+        if not self.dtype.is_floating_point():
+            return op.Mod(self, other)  # Python's modulo, as eager's (torchlib's)
+        narrow = self.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+        a, b = (op.Cast(self, to=ir.DataType.FLOAT), op.Cast(other, to=ir.DataType.FLOAT)) \
+            if narrow else (self, other)
+        mod = op.Mod(a, b, fmod=1)
+        zero = op.CastLike(0, mod)
+        signs_differ = op.Xor(op.Less(mod, zero), op.Less(b, zero))
+        adjust = op.And(signs_differ, op.Not(op.Equal(mod, zero)))
+        out = op.Where(adjust, op.Add(mod, b), mod)
+        return op.CastLike(out, self) if narrow else out
+
+    def remainder_scalar(self: TTensor, other: float) -> TTensor:
+        return remainder(self, ir.tensor(other, dtype=self.dtype))
+
+    def remainder_scalar_tensor(self: float, other: TTensor) -> TTensor:
+        return remainder(ir.tensor(self, dtype=other.dtype), other)
+
+    aten = torch.ops.aten
+    return {aten.remainder.Tensor: remainder, aten.remainder.Scalar: remainder_scalar,
+            aten.remainder.Scalar_Tensor: remainder_scalar_tensor}
+
+
+_TRANSLATIONS: Optional[dict] = None
+
+
+def translations() -> dict:
+    """The export's own translations (see the module docstring), built once."""
+    global _TRANSLATIONS
+    if _TRANSLATIONS is None:
+        _TRANSLATIONS = _translations()
+    return _TRANSLATIONS
 
 
 # -- the export ---------------------------------------------------------------------------
@@ -69,14 +128,16 @@ def _registry_once():
 
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
                 dynamic: bool = False):
-    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter; ``dynamic``: symbolic dimensions from the graph's symbols
+    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter with the
+    translations above; ``dynamic``: symbolic dimensions from the graph's symbols
     (backends/_export.py)."""
     with quiet(), _registry_once():
         # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
         # strict export would run Dynamo inside the user's compiled call
         exported = export_program(gm, args, dynamic=dynamic)
         program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
-                                    verbose=False, report=False)
+                                    verbose=False, report=False,
+                                    custom_translation_table=translations())
     return program.model_proto
 
 
@@ -130,7 +191,9 @@ def _embedding_bag(node) -> Optional[str]:
             f"{'them' if len(wrong) > 1 else 'it'}: wrong weight gradients)")
 
 
-#: Validators of the nodes the export computes unlike eager.
+_EMPTY_MEAN = empty_reduction("ONNX leaves it undefined, ONNX Runtime")
+
+#: Validators of the nodes the export computes unlike eager (see the module docstring).
 EXPORT_VALIDATORS = {
     "aten._native_batch_norm_legit_functional": _batch_norm_training,
     "aten._native_batch_norm_legit": _batch_norm_training,
@@ -140,4 +203,5 @@ EXPORT_VALIDATORS = {
     "aten._embedding_bag": _embedding_bag,
     "aten._embedding_bag_forward_only": _embedding_bag,
     "aten.embedding_bag": _embedding_bag,
+    **{name: _EMPTY_MEAN for name in MEANS},
 }

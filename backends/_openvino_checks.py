@@ -11,7 +11,8 @@ import torch
 
 from arbiter.capability import used_outputs
 
-from ._edge_values import argument
+from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
+    integer_pow
 
 
 def _cat_of_legacy_empty(node) -> Optional[str]:
@@ -38,6 +39,17 @@ def _full_variance(node) -> Optional[str]:
     return None
 
 
+def _floating_remainder(node) -> Optional[str]:
+    # OpenVINO computes remainder and fmod through a quotient (a - floor(a / b) * b,
+    # a - trunc(a / b) * b), which loses the remainder once a / b outgrows the mantissa:
+    # 1e8 % 3 is 0 in float32, eager (an exact fmod, then the sign) says 1.
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.is_floating_point():
+        return ("floating remainder/fmod through a quotient (a - floor(a / b) * b): "
+                "wrong once |a / b| outgrows the mantissa (1e8 % 3 is 0, eager 1)")
+    return None
+
+
 def _embedding_bag(node) -> Optional[str]:
     # Measured against eager (every mode, offsets with an empty bag, include_last_offset,
     # per_sample_weights, padding_idx): the frontend ignores padding_idx (the padded rows
@@ -53,11 +65,28 @@ def _embedding_bag(node) -> Optional[str]:
     return None
 
 
+def _first_of(*checks: Validator) -> Validator:
+    """A validator giving the first refusal of ``checks``."""
+    def check(node) -> Optional[str]:
+        for c in checks:
+            why = c(node)
+            if why is not None:
+                return why
+        return None
+    return check
+
+
+_EMPTY = empty_reduction("OpenVINO")
+_POW = integer_pow("OpenVINO's CPU plugin computes integers in 32 bits (3**39 is "
+                   "-2147483647)")
+
 VALIDATORS = {
     "aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
     "aten.concatenate.default": _cat_of_legacy_empty,
-    "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
-    "aten.var_mean.correction": _full_variance,
+    **{name: _EMPTY for name in MEANS},
+    **{name: _first_of(_full_variance, _EMPTY) for name in VARIANCES},
+    **{name: _POW for name in POWS},
+    "aten.remainder": _floating_remainder, "aten.fmod": _floating_remainder,
     "aten._embedding_bag": _embedding_bag, "aten._embedding_bag_forward_only": _embedding_bag,
     "aten.embedding_bag": _embedding_bag,
 }

@@ -1,9 +1,9 @@
 """ONNX Runtime (CPU execution provider by default).
 
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
-dynamo=True)``, which uses onnxscript's ATen library), shared with TensorRT
-(``backends/_onnx_export.py``); what the export gets wrong is refused there
-(``EXPORT_VALIDATORS``). Weights baked into the partition
+dynamo=True)``, which uses onnxscript's ATen library), with the few translations of
+``backends/_onnx_export.py`` where that library differs from eager; what the export still
+gets wrong is refused there (``EXPORT_VALIDATORS``). Weights baked into the partition
 become ONNX initializers, which ONNX Runtime folds and prepacks. The exporter's ATen ->
 ONNX registry is built once per process, not once per partition.
 
@@ -33,9 +33,10 @@ from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._edge_values import POWS, integer_pow
 from ._export import Runner, check_inputs, outputs_of, quiet, range_key
 from ._nonfinite import ExactNonfinite
-from ._onnx_export import EXPORT_VALIDATORS, export_onnx
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,13 @@ class OrtOptions(BaseModel):
         "weight (quantize_dynamic's per_channel) rather than one per tensor")
 
 
-_VALIDATORS = dict(EXPORT_VALIDATORS)
+#: What ONNX Runtime's own kernels compute unlike eager at edge values (issue 25;
+#: docs/robustness.md "Edge values"), on top of what the export gets wrong
+#: (backends/_onnx_export.py, shared with TensorRT).
+_RUNTIME_VALIDATORS = {
+    name: integer_pow("ONNX Runtime computes it through float64 (3**39 is off by 11; past "
+                      "the dtype's range it saturates)") for name in POWS}
+_VALIDATORS = {**EXPORT_VALIDATORS, **_RUNTIME_VALIDATORS}
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
@@ -177,6 +184,10 @@ class OnnxRuntime(ExactNonfinite, Backend):
         import onnxscript
 
         return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
+
+    def cache_parts(self) -> dict:
+        # a model exported before a change of the export's own translations is not reused
+        return {**super().cache_parts(), "export": EXPORT_REVISION}
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);

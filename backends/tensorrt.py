@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from arbiter.registry import Backend, register_backend
 
 from ._export import Runner, check_inputs, outputs_of
-from ._onnx_export import EXPORT_VALIDATORS
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS
 from .onnxruntime import OnnxRuntime, export_onnx
 
 log = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ class TensorRT(Backend):
         return f"{trt.__name__} {trt.__version__}, onnxscript {onnxscript.__version__}"
 
     def cache_parts(self) -> dict:
-        parts = super().cache_parts()
+        parts = {**super().cache_parts(), "export": EXPORT_REVISION}
         if torch.cuda.is_available():  # an engine is built for one GPU architecture
             i = torch.cuda.current_device()
             parts["device"] = f"{torch.cuda.get_device_name(i)} sm{torch.cuda.get_device_capability(i)}"
