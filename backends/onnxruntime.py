@@ -190,6 +190,10 @@ class OnnxRuntime(ExactNonfinite, Backend):
         return {**super().cache_parts(), "export": EXPORT_REVISION}
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        # under exact_nonfinite guard, NaN made inside the partition is checked too
+        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
         dynamic = graph_is_symbolic(gm)

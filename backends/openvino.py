@@ -218,6 +218,10 @@ class OpenVino(ExactNonfinite, Backend):
         return f"openvino {openvino.__version__}"
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        # under exact_nonfinite guard, NaN made inside the partition is checked too
+        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         import openvino as ov
 
         dynamic = graph_is_symbolic(gm)

@@ -10,7 +10,10 @@ answer right, and checks where the op ran (or who refused it, and why):
    runtimes 0: refused where the extent is empty;
 3. floating ``remainder`` of values near 1e8: the ONNX export computed
    ``a - floor(a / b) * b`` (1e8 % 3 was 0): now ATen's fmod and sign fix-up, exact;
-   OpenVINO (remainder and fmod through a quotient) refuses it.
+   OpenVINO (remainder and fmod through a quotient) refuses it;
+4. NaN made inside a partition (0 / 0, log(-1)) reaching an op OpenVINO computes unlike
+   eager on NaN (relu(NaN) is 0): the input guard missed it; the made values are now
+   checked per call (backends/_nonfinite.py ``taps``) and such a call runs in eager.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ import pytest
 import torch
 
 import arbiter
+from arbiter.backends._nonfinite import makes_nonfinite, taps
+
+from conftest import trace
 
 NAN = math.nan
 
@@ -168,3 +174,84 @@ def test_openvino_refuses_floating_remainder(fn, op, fresh_dynamo):
     out, ops, _ = _run("openvino", fn, A, B)
     _same(out, fn(A, B))
     assert "through a quotient" in ops[op].refused["openvino"], ops[op]
+
+
+# -- 4. NaN made inside a partition ------------------------------------------------------------
+X = torch.tensor([[0.0, 1.0, -1.0, 2.0], [0.5, -4.0, -0.0, 3.0]])
+Y = torch.tensor([[0.0, 2.0, -1.0, 0.5], [1.0, 0.0, 0.0, -2.0]])
+MADE_INSIDE = {
+    "relu_of_0_over_0": (lambda x, y: torch.relu(x / y) * 2.0, "aten.relu.default"),
+    "exp_of_log_negative": (lambda x, y: torch.exp(torch.log(y - 0.75)) * 2.0,
+                            "aten.exp.default"),
+    "softmax_of_sqrt_negative": (lambda x, y: torch.softmax(torch.sqrt(y - 0.75), 1) * 2.0,
+                                 "aten._softmax.default"),
+    "bool_of_0_over_0": (lambda x, y: (x / y).bool().float() * 2.0, "aten._to_copy.default"),
+    "maximum_of_log": (lambda x, y: torch.maximum(torch.log(y - 0.75), x) * 2.0,
+                       "aten.maximum.default"),
+    "gt_of_itself": (lambda x, y: (lambda v: torch.where(v > v, 1.0, 0.0) + x)(x / y),
+                     "aten.gt.Tensor"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MADE_INSIDE))
+def test_openvino_guard_sees_nan_made_inside(case, fresh_dynamo):
+    """OpenVINO's default `exact_nonfinite: guard` checked only the partition's inputs:
+    relu(0 / 0) came back 0, exp(log(-0.25)) inf, softmax of a row with sqrt(-0.75) had
+    zeros, bool(0 / 0) was false (eager: NaN, NaN, NaN, true). The whole function still
+    runs on OpenVINO; a call where a value made inside holds NaN runs in eager, counted;
+    a finite call stays on OpenVINO. (OpenVINO's `gt(NaN, NaN)` was right on this CPU, an
+    AMD EPYC: `gt` is in its table from an earlier probe, and guarded the same way.)"""
+    fn, op = MADE_INSIDE[case]
+    pytest.importorskip("openvino")
+    be = _forced("openvino")
+    compiled = torch.compile(fn, backend=be, dynamic=False)
+    with torch.no_grad():
+        _same(compiled(X, Y), fn(X, Y))
+        finite_x, finite_y = X.abs() + 1.0, Y.abs() + 1.0
+        torch.testing.assert_close(compiled(finite_x, finite_y), fn(finite_x, finite_y))
+    [part] = [p for g in be.report(advice=False).graphs for p in g.partitions]
+    assert part.backend == "openvino" and op in part.nonfinite_guard, part
+    assert part.nonfinite_eager_calls == 1  # the NaN call only
+
+
+def test_onnx_runtime_guard_sees_nan_made_inside(fresh_dynamo):
+    """ONNX Runtime under `exact_nonfinite: guard` (not its default): sign(0 / 0) was NaN
+    there, eager 0."""
+    fn = lambda x, y: torch.sign(x / y) * 2.0  # noqa: E731
+    out, ops, be = _run("onnxruntime", fn, X, Y, exact_nonfinite="guard")
+    _same(out, fn(X, Y))
+    [part] = [p for g in be.report(advice=False).graphs for p in g.partitions]
+    assert part.backend == "onnxruntime" and part.nonfinite_eager_calls == 1
+
+
+def _taps(fn, *args):
+    from arbiter.backends.openvino import _NONFINITE_CHECKS
+
+    return [n.name for n in taps(trace(fn, *args), _NONFINITE_CHECKS)]
+
+
+def test_taps_are_the_ops_that_make_nan_upstream_of_a_guarded_op():
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    # the division's output, seen through a multiplication, feeds relu
+    assert _taps(lambda x, y: (torch.relu((x / y) * 3.0),), x, y) == ["div"]
+    # relu reads nothing made inside: nothing to check beyond the inputs
+    assert _taps(lambda x, y: (torch.relu(x * 3.0 + y),), x, y) == []
+    # a division by a non-zero number, a square, a mean over something: no source
+    assert _taps(lambda x: (torch.relu(x / 8.0 + x ** 2 + x.mean(1, keepdim=True)),), x) == []
+    # a source that feeds no guarded op is not checked
+    assert _taps(lambda x, y: (torch.log(x) * y,), x, y) == []
+    # a guarded comparison reads it; a NaN is not followed through a boolean (lt is
+    # computed like eager on NaN: only what it makes of it matters)
+    assert _taps(lambda x, y: (((x / y) > 0).float(),), x, y) == ["div"]
+    assert _taps(lambda x, y: (torch.relu(((x / y) < 0).float()),), x, y) == []
+
+
+def test_which_ops_make_nan():
+    x = torch.randn(3, 4)
+    gm = trace(lambda x: (x / 2.0, x / x, x ** 2, x ** 0.5, x.mean(), torch.exp(x),
+                          torch.var(x[:, :1], dim=1), torch.var(x, dim=1), x + 1.0,
+                          x / torch.full((), 8.0)), x)
+    made = {n.name: makes_nonfinite(n) for n in gm.graph.nodes if n.op == "call_function"
+            and n.name not in ("full", "slice_1", "slice_2")}
+    assert made == {"div": False, "div_1": True, "pow_1": False, "pow_2": True, "mean": False,
+                    "exp": True, "var": True, "var_1": False, "add": False, "div_2": False}, made
