@@ -6,7 +6,9 @@ runtimes were measured to differ there.
   ReduceMean leaves it undefined, and ONNX Runtime and OpenVINO return 0;
 * ``integer_pow(...)``: an integer power wraps around in eager (two's complement); ONNX
   Runtime computes it through float64 (it saturates past the dtype's range and rounds
-  past 2**53) and OpenVINO's CPU plugin in 32 bits.
+  past 2**53) and OpenVINO's CPU plugin in 32 bits;
+* ``integer_reduction(...)``: an integer sum or product is exact in eager (it wraps
+  around past the dtype's range); ONNX Runtime reduces integers through float64.
 
 A node is judged from its metadata (shapes and dtypes traced in ``meta["val"]``), so
 only the nodes that can meet the edge are refused: a mean over a non-empty extent stays.
@@ -18,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from arbiter.ops import op_name
 from arbiter.shapes import bounds, expr
 
 Validator = Callable[[torch.fx.Node], Optional[str]]
@@ -87,9 +90,26 @@ def integer_pow(runtime: str) -> Validator:
     return check
 
 
+def integer_reduction(runtime: str) -> Validator:
+    """A validator refusing a sum or product with an integer result (``runtime`` says how
+    it computes one), unless it counts booleans (exact: a count never nears 2**53)."""
+    def check(node: torch.fx.Node) -> Optional[str]:
+        val = node.meta.get("val")
+        src = node.args[0].meta.get("val") if node.args and \
+            isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.is_floating_point() or val.is_complex() \
+                or (isinstance(src, torch.Tensor) and src.dtype == torch.bool):
+            return None
+        return (f"integer {op_name(node.target).split('.')[1]} "
+                f"({str(val.dtype).removeprefix('torch.')}): {runtime}")
+    return check
+
+
 #: Reductions whose result over no element is NaN in eager.
 MEANS = ("aten.mean.default", "aten.mean.dim")
 VARIANCES = ("aten.var.correction", "aten.std.correction", "aten.var_mean.correction",
              "aten.std_mean.correction")
 #: The overloads of pow.
 POWS = ("aten.pow.Tensor_Tensor", "aten.pow.Tensor_Scalar", "aten.pow.Scalar")
+#: Integer sums and products.
+SUMS = ("aten.sum.default", "aten.sum.dim_IntList", "aten.prod.default", "aten.prod.dim_int")

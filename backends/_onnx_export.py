@@ -7,13 +7,18 @@ translations below in place of torchlib's. What the export gets wrong and no
 translation here fixes is refused by ``EXPORT_VALIDATORS`` (the ONNX Runtime and
 TensorRT backends apply them); docs/robustness.md lists both ("Edge values", issue 25).
 
-Translations (``TRANSLATIONS``):
+Translations (``translations()``):
 
 * floating ``remainder``: torchlib computes ``a - floor(a / b) * b``, which loses the
   remainder once ``a / b`` outgrows the mantissa (``1e8 % 3`` in float32 was 0, eager
   says 1). ATen takes ``fmod(a, b)`` (exact) and adds ``b`` where the signs of the
   result and ``b`` differ; so does this one (ONNX ``Mod`` with ``fmod=1``), in float32
   for 16-bit floats as ATen does. Integer remainders keep torchlib's ``Mod``.
+
+Refused (``EXPORT_VALIDATORS``): training batch norm (exported with the running
+statistics), an embedding bag whose auxiliary outputs are read (returned as zeros), a
+mean over an empty extent (ONNX leaves it undefined), an integer division with a
+rounding mode (divided in float32).
 
 ``EXPORT_REVISION`` changes whenever what the export produces for a graph changes: it is
 part of every cached ONNX model's key, so a model exported before a fix is not reused.
@@ -191,6 +196,17 @@ def _embedding_bag(node) -> Optional[str]:
             f"{'them' if len(wrong) > 1 else 'it'}: wrong weight gradients)")
 
 
+def _integer_division(node) -> Optional[str]:
+    # torchlib divides integers with a rounding mode in float32 (Cast, Div, Floor or
+    # Trunc, Cast back): exact only below 2**24 ((2**53 + 1) // 3 was off by 9e7)
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and not val.is_floating_point() and \
+            argument(node, "rounding_mode") is not None:
+        return ("integer division with a rounding mode: the ONNX export divides in "
+                "float32 (exact below 2**24 only)")
+    return None
+
+
 _EMPTY_MEAN = empty_reduction("ONNX leaves it undefined, ONNX Runtime")
 
 #: Validators of the nodes the export computes unlike eager (see the module docstring).
@@ -204,4 +220,5 @@ EXPORT_VALIDATORS = {
     "aten._embedding_bag_forward_only": _embedding_bag,
     "aten.embedding_bag": _embedding_bag,
     **{name: _EMPTY_MEAN for name in MEANS},
+    "aten.div.Tensor_mode": _integer_division, "aten.div.Scalar_mode": _integer_division,
 }

@@ -33,7 +33,7 @@ from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
-from ._edge_values import POWS, integer_pow
+from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
 from ._export import Runner, check_inputs, outputs_of, quiet, range_key
 from ._nonfinite import ExactNonfinite
 from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
@@ -113,8 +113,11 @@ class OrtOptions(BaseModel):
 #: docs/robustness.md "Edge values"), on top of what the export gets wrong
 #: (backends/_onnx_export.py, shared with TensorRT).
 _RUNTIME_VALIDATORS = {
-    name: integer_pow("ONNX Runtime computes it through float64 (3**39 is off by 11; past "
-                      "the dtype's range it saturates)") for name in POWS}
+    **{name: integer_pow("ONNX Runtime computes it through float64 (3**39 is off by 11; "
+                         "past the dtype's range it saturates)") for name in POWS},
+    **{name: integer_reduction("ONNX Runtime reduces integers through float64 (2**53 + 1 "
+                               "sums to 2**53; past int32's range it saturates)")
+       for name in SUMS}}
 _VALIDATORS = {**EXPORT_VALIDATORS, **_RUNTIME_VALIDATORS}
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU

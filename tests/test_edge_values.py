@@ -79,6 +79,47 @@ def test_integer_pow_wraps_like_eager(case, backend, fresh_dynamo):
     assert ops[op].placed == {"eager": 1}
 
 
+INTEGER_ARITHMETIC = {
+    "sum_past_2_53": (lambda x: x.sum(), (torch.tensor([2 ** 53 + 1, 0]),), "aten.sum.default",
+                      "integer sum"),
+    "sum_dim_past_2_53": (lambda x: x.sum(1), (torch.tensor([[2 ** 62, 5], [3 ** 39, 7]]),),
+                          "aten.sum.dim_IntList", "integer sum"),
+    "int32_sum_overflow": (lambda x: x.sum(0, dtype=torch.int32),
+                           (torch.tensor([2 ** 30] * 3, dtype=torch.int32),),
+                           "aten.sum.dim_IntList", "integer sum"),
+    "prod_past_2_53": (lambda x: x.prod(), (torch.tensor([3 ** 20, 3 ** 19]),),
+                       "aten.prod.default", "integer prod"),
+    "floor_division_past_2_24": (lambda x: torch.div(x, 3, rounding_mode="floor"),
+                                 (torch.tensor([2 ** 53 + 1, -(2 ** 62) - 1, 2 ** 24 + 1]),),
+                                 "aten.div.Tensor_mode", "divides in float32"),
+    "trunc_division_past_2_24": (lambda x, y: torch.div(x, y, rounding_mode="trunc"),
+                                 (torch.tensor([2 ** 53 + 1, -(2 ** 40) - 1]),
+                                  torch.tensor([3, 7])),
+                                 "aten.div.Tensor_mode", "divides in float32"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INTEGER_ARITHMETIC))
+def test_onnx_runtime_integer_arithmetic_through_floats_is_refused(case, fresh_dynamo):
+    """The cause of item 1 reaches further: ONNX Runtime reduces integers through
+    float64 ((2**53 + 1) sums to 2**53; an int32 sum past its range saturates) and the
+    export divides integers with a rounding mode in float32 ((2**53 + 1) // 3 off by
+    9e7). Refused; integer add, mul, cumsum and floor_divide were measured exact there."""
+    fn, args, op, why = INTEGER_ARITHMETIC[case]
+    out, ops, _ = _run("onnxruntime", fn, *args)
+    _same(out, fn(*args))
+    assert why in ops[op].refused["onnxruntime"], ops[op]
+
+
+def test_onnx_runtime_counts_booleans(fresh_dynamo):
+    """A sum of booleans (a count: exact through float64) stays on ONNX Runtime."""
+    fn = lambda x: (x > 0).sum(1) + 1  # noqa: E731
+    x = torch.randn(4, 6)
+    out, ops, _ = _run("onnxruntime", fn, x)
+    _same(out, fn(x))
+    assert ops["aten.sum.dim_IntList"].placed == {"onnxruntime": 1}, ops["aten.sum.dim_IntList"]
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_float_pow_stays(backend, fresh_dynamo):
     fn = lambda x: torch.pow(x, 3.0) + 1.0  # noqa: E731
