@@ -84,8 +84,9 @@ class OrtOptions(BaseModel):
         True, description="ops whose results differ from eager when an input holds NaN "
         "(measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is x, "
         "heaviside(NaN, y) is 1...). true: refused; `guard`: taken, and a partition holding "
-        "one checks its floating inputs on every call and runs a call with NaN or inf in "
-        "eager; false: taken, unchecked")
+        "one checks its floating inputs on every call, and the values made inside it by "
+        "ops that can make NaN or inf of finite numbers when those ops feed one, and runs "
+        "a call with NaN or inf there in eager; false: taken, unchecked")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")

@@ -64,10 +64,11 @@ class OvOptions(BaseModel):
         "NaN (measured by `arbiter probe`, which feeds those: relu(NaN) and maximum(NaN, 0) "
         "are 0, exp(NaN) is inf, NaN > x is true, softmax of a row with NaN is 0; eager "
         "says NaN or false). `guard` (default): taken, and a partition holding one checks "
-        "its floating inputs on every call and runs a call with NaN or inf in eager (a NaN "
-        "arising inside the partition, or in its weights, is not caught); true: refused "
-        "(exact, but ResNet-50 under cpu_all splits into 42 partitions); false: taken, "
-        "unchecked")
+        "its floating inputs on every call, and the values made inside it by ops that can "
+        "make NaN or inf of finite numbers (0 / 0, log(-1)) when those ops feed one, and "
+        "runs a call with NaN or inf there in eager (a NaN from an overflow of ordinary "
+        "arithmetic, or in the weights, is not caught); true: refused (exact, but "
+        "ResNet-50 under cpu_all splits into 42 partitions); false: taken, unchecked")
     device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
                         "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
                         "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
