@@ -1,10 +1,11 @@
 """ONNX Runtime (CPU execution provider by default).
 
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
-dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
-here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
-folds and prepacks. The exporter's ATen -> ONNX registry is built once per process, not
-once per partition (``_registry_once``).
+dynamo=True)``, which uses onnxscript's ATen library), with the few translations of
+``backends/_onnx_export.py`` where that library differs from eager; what the export still
+gets wrong is refused there (``EXPORT_VALIDATORS``). Weights baked into the partition
+become ONNX initializers, which ONNX Runtime folds and prepacks. The exporter's ATen ->
+ONNX registry is built once per process, not once per partition.
 
 Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
@@ -34,8 +35,10 @@ from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
+from ._export import Runner, check_inputs, outputs_of, quiet, range_key
 from ._nonfinite import ExactNonfinite
-from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,9 @@ class OrtOptions(BaseModel):
         True, description="ops whose results differ from eager when an input holds NaN "
         "(measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is x, "
         "heaviside(NaN, y) is 1...). true: refused; `guard`: taken, and a partition holding "
-        "one checks its floating inputs on every call and runs a call with NaN or inf in "
-        "eager; false: taken, unchecked")
+        "one checks its floating inputs on every call, and the values made inside it by "
+        "ops that can make NaN or inf of finite numbers when those ops feed one, and runs "
+        "a call with NaN or inf there in eager; false: taken, unchecked")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
@@ -108,26 +112,16 @@ class OrtOptions(BaseModel):
         "weight (quantize_dynamic's per_channel) rather than one per tensor")
 
 
-def _batch_norm_training(node) -> Optional[str]:
-    # The exporter translates training-mode batch norm with ONNX's BatchNormalization,
-    # which normalizes with the running statistics: measured wrong by 0.24 on the small CNN.
-    schema = node.target._schema
-    names = [a.name for a in schema.arguments]
-    if "training" in names:
-        i = names.index("training")
-        training = node.args[i] if i < len(node.args) else node.kwargs.get("training", False)
-        if training:
-            return "training-mode batch norm (batch statistics) is exported with running statistics"
-    return None
-
-
-_VALIDATORS = {
-    "aten._native_batch_norm_legit_functional": _batch_norm_training,
-    "aten._native_batch_norm_legit": _batch_norm_training,
-    "aten.native_batch_norm": _batch_norm_training,
-    "aten._batch_norm_with_update_functional": _batch_norm_training,
-    "aten.batch_norm": _batch_norm_training,
-}
+#: What ONNX Runtime's own kernels compute unlike eager at edge values (issue 25;
+#: docs/robustness.md "Edge values"), on top of what the export gets wrong
+#: (backends/_onnx_export.py, shared with TensorRT).
+_RUNTIME_VALIDATORS = {
+    **{name: integer_pow("ONNX Runtime computes it through float64 (3**39 is off by 11; "
+                         "past the dtype's range it saturates)") for name in POWS},
+    **{name: integer_reduction("ONNX Runtime reduces integers through float64 (2**53 + 1 "
+                               "sums to 2**53; past int32's range it saturates)")
+       for name in SUMS}}
+_VALIDATORS = {**EXPORT_VALIDATORS, **_RUNTIME_VALIDATORS}
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
@@ -197,7 +191,15 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
         return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
 
+    def cache_parts(self) -> dict:
+        # a model exported before a change of the export's own translations is not reused
+        return {**super().cache_parts(), "export": EXPORT_REVISION}
+
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        # under exact_nonfinite guard, NaN made inside the partition is checked too
+        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
         dynamic = graph_is_symbolic(gm)
@@ -371,67 +373,6 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
             if any(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
                 return ("MatmulTransposeFusion",)
     return ()
-
-
-#: (class, from_torchlib's arguments, ops registered with torch) -> the registry built
-_REGISTRIES: dict = {}
-
-
-@contextlib.contextmanager
-def _registry_once():
-    """``torch.onnx.export`` builds its registry of ATen -> ONNX translations afresh on
-    every call (about 1 s: onnxscript's torchlib walked, every op looked up), and arbiter
-    exports once per partition and per candidate. Within this block the registry is built
-    once per process and every export gets its own copy of it (a dict of lists: an
-    exporter that adds custom translations changes only its copy). Key: the arguments and
-    the number of operators registered with torch (a library loaded since, with ops
-    torchlib translates, gets a new registry, as it would have). Where the registry holds
-    more than the two fields copied (another torch), nothing is cached."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-        real = _registration.ONNXRegistry.__dict__["from_torchlib"]
-        # another thread's export inside this block (a compile left running past
-        # compile_timeout_s): restore torch's own method, not that thread's stand-in
-        real = getattr(real.__func__, "_arbiter_real", real)
-        build = real.__func__
-    except Exception:  # noqa: BLE001 - another torch: its own registry every time
-        yield
-        return
-    ops = len(torch._C._dispatch_get_all_op_names())
-
-    def from_torchlib(cls, *args, **kwargs):
-        key = (cls, args, tuple(sorted(kwargs.items())), ops)
-        base = _REGISTRIES.get(key)
-        if base is None:
-            base = build(cls, *args, **kwargs)
-            if set(vars(base)) != {"_opset_version", "functions"}:
-                return base
-            _REGISTRIES.clear()  # one kept: the ops count only grows
-            _REGISTRIES[key] = base
-        copy = cls.__new__(cls)
-        copy._opset_version = base._opset_version
-        copy.functions = {k: list(v) for k, v in base.functions.items()}
-        return copy
-
-    from_torchlib._arbiter_real = real
-    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
-    try:
-        yield
-    finally:
-        _registration.ONNXRegistry.from_torchlib = real
-
-
-def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
-                dynamic: bool = False):
-    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
-    ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
-    with quiet(), _registry_once():
-        # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
-        # strict export would run Dynamo inside the user's compiled call
-        exported = export_program(gm, args, dynamic=dynamic)
-        program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
-                                    verbose=False, report=False)
-    return program.model_proto
 
 
 # -- lower precision (docs/precision.md) ------------------------------------------------
