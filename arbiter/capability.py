@@ -306,6 +306,11 @@ class CapabilityTable:
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest{declined}"
+        if backend.narrow_dtypes and name not in backend.narrow_dtype_ops:
+            for d in descs:
+                why = backend.narrow_dtypes.get(d.dtype)
+                if why is not None:
+                    return f"dtype {str(d.dtype).removeprefix('torch.')}: {why}"
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue

@@ -185,6 +185,13 @@ class OpenVino(ExactNonfinite, Backend):
     install_hint = "pip install 'torch-arbiter[openvino]'"
     own_validators = VALIDATORS
     nonfinite_checks = _NONFINITE_CHECKS
+    # The CPU plugin holds every integer in 32 bits, inputs included: cat, where, add,
+    # mul, sum, cumsum and comparisons of int64 values past +-2**31 come back wrong
+    # (arbiter probe openvino --edges). An embedding's indices index its table, which
+    # is far smaller.
+    narrow_dtypes = {torch.int64: "openvino's CPU plugin computes int64 in 32 bits "
+                                  "(wrong past +-2**31)"}
+    narrow_dtype_ops = frozenset({"aten.embedding.default"})
 
     def available(self) -> tuple[bool, str]:
         try:

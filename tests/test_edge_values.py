@@ -75,7 +75,10 @@ def test_integer_pow_wraps_like_eager(case, backend, fresh_dynamo):
     fn, args, op = POWS[case]
     out, ops, _ = _run(backend, fn, *args)
     _same(out, fn(*args))
-    assert "integer pow" in ops[op].refused[backend], ops[op]
+    # OpenVINO refuses int64 nodes whatever the op (32-bit integers): its int32 case
+    # shows the pow rule
+    why = ops[op].refused[backend]
+    assert "integer pow" in why or (backend == "openvino" and "32 bits" in why), ops[op]
     assert ops[op].placed == {"eager": 1}
 
 
@@ -217,6 +220,27 @@ def test_openvino_refuses_floating_remainder(fn, op, fresh_dynamo):
     assert "through a quotient" in ops[op].refused["openvino"], ops[op]
 
 
+@pytest.mark.parametrize("case", ["tensor", "scalar"])
+def test_inductor_refuses_floating_remainder(case, fresh_dynamo):
+    """Before: Inductor's 1e8 % 3 was 0 and -1e8 % 3 was 8 (a - b * floor(a / b));
+    refused, eager's fmod-and-fix-the-sign runs it. Integer remainder stays."""
+    fn, args, op = REMAINDERS[case]
+    be = _forced("inductor")
+    with torch.no_grad():
+        out = torch.compile(fn, backend=be, dynamic=False)(*args)
+    _same(out, fn(*args))
+    ops = {o.op: o for g in be.report(advice=False).graphs for o in g.ops}
+    assert "floor(a / b)" in ops[op].refused["inductor"], ops[op]
+    torch._dynamo.reset()
+    ints = _forced("inductor")
+    a, b = torch.tensor([7, -7, 100]), torch.tensor([3, 3, -9])
+    with torch.no_grad():
+        _same(torch.compile(lambda a, b: torch.remainder(a, b) * 2, backend=ints,
+                            dynamic=False)(a, b), torch.remainder(a, b) * 2)
+    ops = {o.op: o for g in ints.report(advice=False).graphs for o in g.ops}
+    assert ops["aten.remainder.Tensor"].placed == {"inductor": 1}
+
+
 # -- 4. NaN made inside a partition ------------------------------------------------------------
 X = torch.tensor([[0.0, 1.0, -1.0, 2.0], [0.5, -4.0, -0.0, 3.0]])
 Y = torch.tensor([[0.0, 2.0, -1.0, 0.5], [1.0, 0.0, 0.0, -2.0]])
@@ -296,3 +320,20 @@ def test_which_ops_make_nan():
             and n.name not in ("full", "slice_1", "slice_2")}
     assert made == {"div": False, "div_1": True, "pow_1": False, "pow_2": True, "mean": False,
                     "exp": True, "var": True, "var_1": False, "add": False, "div_2": False}, made
+
+
+# -- 5. OpenVINO's 32-bit integers ---------------------------------------------------------
+def test_openvino_refuses_int64_but_embedding_indices(fresh_dynamo):
+    """OpenVINO's CPU plugin holds int64 in 32 bits (3e9 + 1 came back wrong): every node
+    reading or writing int64 is refused there, except an embedding's indices."""
+    big = torch.tensor([3_000_000_000, -3_000_000_001, 5], dtype=torch.int64)
+    out, ops, _ = _run("openvino", lambda x: (x + 1) * 2, big)
+    _same(out, (big + 1) * 2)
+    assert "32 bits" in ops["aten.add.Tensor"].refused["openvino"]
+    torch._dynamo.reset()
+    table = torch.randn(10, 4)
+    idx = torch.tensor([[1, 2], [9, 0]])
+    out, ops, _ = _run("openvino", lambda i, w: torch.nn.functional.embedding(i, w) * 2,
+                       idx, table)
+    torch.testing.assert_close(out, torch.nn.functional.embedding(idx, table) * 2)
+    assert ops["aten.embedding.default"].placed == {"openvino": 1}
