@@ -81,6 +81,7 @@ def test_wheel_ships_types_schemas_license_and_the_layout_library(tmp_path):
         meta = z.read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
     for name in ("arbiter/py.typed", "arbiter/config.schema.json",
                  "arbiter/report/report.schema.json", "arbiter/report/vendor/dagre.min.js",
+                 "arbiter/report/page.js", "arbiter/report/page.css",
                  "arbiter/capabilities/onnxruntime.yaml", "arbiter/configs/default.yaml"):
         assert name in names, name
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
