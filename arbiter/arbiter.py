@@ -40,7 +40,7 @@ from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import checked_candidates, get_policy
 from .plan.rules import graph_ops, names, unmatched_message
-from .registry import Backend, get_backend_class
+from .registry import Backend, get_backend_class, install_advice
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
 from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
@@ -118,7 +118,7 @@ class Arbiter:
                 self.plans_only[name] = why
                 log.info("backend %s cannot run here (%s); the dry run plans onto it", name, why)
             elif not ok:
-                hint = f" (install: {cls.install_hint})" if cls.install_hint else ""
+                hint = install_advice(cls)  # only when a package it needs is missing
                 self.unavailable[name] = why + hint
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
             self.backends[name] = backend

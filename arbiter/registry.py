@@ -235,6 +235,59 @@ class Backend:
         return blob
 
 
+def missing_packages(hint: str) -> Optional[list[str]]:
+    """The distributions that the pip command ``hint`` (a backend's ``install_hint``,
+    ``pip install 'torch-arbiter[triton]'``) would install and that are not installed
+    here, extras expanded: [] when all are (the backend is unavailable for another
+    reason: no GPU, say); None when that cannot be told (not a pip command, or no
+    ``packaging`` to read requirements with)."""
+    import shlex
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        return None
+    try:
+        words = shlex.split(hint.split(" (")[0])  # "(a remark)" ends the command
+    except ValueError:
+        return None
+    if "install" not in words or "pip" not in " ".join(words[:words.index("install")]):
+        return None
+    todo = [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+    missing: list[str] = []
+    seen: set[str] = set()
+    while todo:
+        try:
+            req = Requirement(todo.pop())
+        except InvalidRequirement:
+            return None
+        if req.name in seen:
+            continue
+        seen.add(req.name)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(req.name)
+            continue
+        for extra in req.extras:  # what `pip install name[extra]` adds
+            for text in dist.requires or []:
+                sub = Requirement(text)
+                if sub.marker is not None and sub.marker.evaluate({"extra": extra}):
+                    todo.append(str(sub).split(";")[0])
+    return missing
+
+
+def install_advice(cls: type[Backend]) -> str:
+    """`` (install: HINT)`` for a backend that is unavailable, when its install command
+    would install something missing here; "" when what it names is installed (then the
+    reason is not a missing package) or the backend has no hint."""
+    if not cls.install_hint:
+        return ""
+    missing = missing_packages(cls.install_hint)
+    return "" if missing == [] else f" (install: {cls.install_hint})"
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
     import os

@@ -1,6 +1,6 @@
-"""`arbiter cache {list,size,clear}`: the persistent cache's entries (docs/cache.md).
+"""`arbiter cache [list|size|clear]`: the persistent cache's entries (docs/cache.md).
 
-    arbiter cache list  [--dir D | --config C] [--kind onnx]   entries, newest use first
+    arbiter cache [list] [--dir D | --config C] [--kind onnx]  entries, newest use first
     arbiter cache size  [--dir D | --config C]                 total, per kind, the limit
     arbiter cache clear [--dir D | --config C] [--kind onnx]   remove entries
 
@@ -16,8 +16,10 @@ import sys
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=("list", "size", "clear"),
-                        help="list entries, show their total size, or remove them")
+    parser.add_argument("action", choices=("list", "size", "clear"), nargs="?",
+                        default="list",
+                        help="list entries (the default), show their total size, or "
+                             "remove them")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--dir", default=None, help="the cache directory")
     where.add_argument("--config", default=None,
