@@ -4,8 +4,12 @@ plain sentence instead of a ratio. Before: one timing per side, no spread, no lo
 "ratio 0.01" (eager 167 ms, arbiter 1.1 ms) on a busy machine, 0.32 on the next run."""
 from __future__ import annotations
 
+import logging
 import time
 
+import torch
+
+import arbiter
 from arbiter.cli.timing import Load, Timed, comparison, interleaved, too_busy
 
 
@@ -53,3 +57,14 @@ def test_a_busy_machine_says_so_instead_of_a_ratio():
     why = too_busy(noisy, Load(average=(0.5, 0.5), cpus=2, others=0))
     assert "eager's rounds spread over" in why and "arbiter's rounds spread over" in why
 
+
+def test_measuring_an_only_eager_candidate_is_not_called_compiling(caplog, fresh_dynamo):
+    """Before: "compiling candidate 2/2 (only eager), 5.8 s": eager compiles nothing."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1,
+                          "against_eager": "all"})
+    with caplog.at_level(logging.INFO, logger="arbiter.run.measured"), torch.no_grad():
+        torch.compile(m, backend=be)(torch.randn(4, 8))
+    lines = [r.getMessage() for r in caplog.records if "candidate" in r.getMessage()]
+    assert any("warming up candidate 2 of 2 (only eager;" in x for x in lines), lines
+    assert not any("compiling candidate" in x for x in lines)
