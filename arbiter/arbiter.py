@@ -39,7 +39,7 @@ from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import checked_candidates, get_policy
-from .plan.rules import graph_ops, names, unmatched_message
+from .plan.rules import graph_ops, names, pending_backward_ops, unmatched_message
 from .registry import Backend, get_backend_class, install_advice
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
@@ -334,7 +334,9 @@ class Arbiter:
 
     def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
         """Warn (once per rule) about a pin or exclude that names no op of the graphs
-        compiled so far. A forward graph waits for its backward, which may hold the op."""
+        compiled so far. A forward graph is judged with its backward, which may hold the
+        op: AOTAutograd made that graph already and compiles it at the first backward,
+        which may never come (a forward with gradients on and no backward)."""
         rules = self._rules()
         if not rules:
             return
@@ -342,7 +344,11 @@ class Arbiter:
             self._seen_ops |= graph_ops(gm)
             seen = set(self._seen_ops)
         if kind == "forward":
-            return
+            backward = pending_backward_ops()
+            if backward is None:  # not found: wait for the backward's own compile
+                return
+            seen |= backward
+            label += " and its backward"
         for rule, op, backend in rules:
             if (rule, op) in self._warned or any(names(op, o) for o in seen):
                 continue
