@@ -6,7 +6,8 @@ each; third-party backends register through the ``arbiter.backends`` entry-point
 Neither is imported until a backend is looked up, so ``import arbiter`` stays light and a
 broken optional package cannot break it.
 
-A complete third-party backend::
+A third-party backend, in short (docs/writing-a-backend.md has a complete one with its
+manifest, tested by running it)::
 
     # my_pkg/my_backend.py
     from arbiter import Backend, register_backend
@@ -30,7 +31,9 @@ A complete third-party backend::
     [project.entry-points."arbiter.backends"]
     mine = "my_pkg.my_backend"
 
-and ``my_pkg/capabilities/mine.yaml`` beside it (or override ``manifest_path``).
+and ``my_pkg/capabilities/mine.yaml`` beside it, or a ``manifest_path`` of its own, which
+must be a classmethod (arbiter reads the manifest from the class; anything else is refused
+at registration).
 """
 from __future__ import annotations
 
@@ -326,6 +329,7 @@ def register_backend(cls: Optional[type[Backend]] = None, *, name: Optional[str]
             c.name = name
         if not c.name:
             raise ArbiterError(f"backend class {c.__qualname__} has no `name`")
+        _check_class_methods(c)
         with _lock:
             old = _REGISTRY.get(c.name)
             if old is not None and old is not c and old.__qualname__ != c.__qualname__:
@@ -336,6 +340,26 @@ def register_backend(cls: Optional[type[Backend]] = None, *, name: Optional[str]
         return c
 
     return wrap(cls) if cls is not None else wrap
+
+
+def _check_class_methods(c: type[Backend]) -> None:
+    """Refuse, at registration, a backend whose ``manifest_path`` or ``manifest`` is not a
+    classmethod: arbiter calls them on the class, before any instance exists (an attribute
+    ``manifest_path = Path(...)`` failed later, inside Dynamo: "'PosixPath' object is not
+    callable")."""
+    for attr in ("manifest_path", "manifest"):
+        owner = next(k for k in c.__mro__ if attr in k.__dict__)
+        value = owner.__dict__[attr]
+        if isinstance(value, (classmethod, staticmethod)):
+            continue
+        what = "a plain method" if callable(value) else f"an attribute ({value!r})"
+        raise ArbiterError(
+            f"backend class {owner.__module__}.{owner.__qualname__} ({c.name!r}): `{attr}` "
+            f"is {what}, but arbiter calls it on the class; write\n"
+            f"    @classmethod\n    def {attr}(cls):\n        return "
+            + ("Path(__file__).parent / \"capabilities\" / \"" + c.name + ".yaml\""
+               if attr == "manifest_path" else "load_manifest(cls.manifest_path())")
+            + "\n(docs/writing-a-backend.md)")
 
 
 def _discover() -> None:
