@@ -86,7 +86,7 @@ def test_cache_help_keeps_its_usage_lines_and_lists_by_default(tmp_path, capsys)
     d.chmod(0o700)
     assert main(["cache", "--dir", str(d)]) == 0
     out = capsys.readouterr().out
-    assert "1 entries" in out and "k1" in out
+    assert "1 entry, 2 B in" in out and "k1" in out
 
 
 def _closed_pipe(args: list[str], cwd) -> subprocess.CompletedProcess:
@@ -159,6 +159,23 @@ def test_install_hint_only_when_a_package_is_missing():
     else:
         assert missing_packages(Extra.install_hint) == []
     assert missing_packages("apt-get install x") is None  # cannot tell: the hint stays
+
+
+def test_backends_rows_say_installed_or_how_to_install(make_backend):
+    """An unavailable backend whose packages are installed says so, with its version and no
+    install command; one missing a package gets the command."""
+    from arbiter.cli.backends import rows
+
+    for name, hint in (("nodriver", "pip install pyyaml"),
+                       ("notinstalled", "pip install no-such-distribution-for-arbiter-tests")):
+        cls = make_backend(name, ["aten.relu.default"], available=(False, "no GPU driver"))
+        cls.install_hint = hint
+        cls.version = lambda self: "mine 1.0"
+    (a, b) = rows(["nodriver", "notinstalled"])
+    assert a == ("nodriver", "unavailable", "1 op (declared 1)", "mine 1.0",
+                 "installed, but cannot run here: no GPU driver")
+    assert b[1] == "unavailable" and b[3] == "-" and b[4] == (
+        "no GPU driver (install: pip install no-such-distribution-for-arbiter-tests)")
 
 
 @pytest.fixture

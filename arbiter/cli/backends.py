@@ -18,13 +18,13 @@ def add_arguments(parser) -> None:
                              "80 off a terminal)")
 
 
-def rows() -> list[tuple[str, str, str, str, str]]:
-    """(name, status, manifest, version, why) per registered backend."""
+def rows(names=None) -> list[tuple[str, str, str, str, str]]:
+    """(name, status, manifest, version, why) per registered backend (or of ``names``)."""
     from ..errors import ArbiterError
     from ..registry import backend_names, get_backend_class, install_advice, missing_packages
 
     out = []
-    for name in backend_names():
+    for name in names or backend_names():
         cls = get_backend_class(name)
         be = cls()
         try:
@@ -36,14 +36,16 @@ def rows() -> list[tuple[str, str, str, str, str]]:
         except ArbiterError as exc:
             size = f"manifest error: {exc}"
         builds = not ok and be.plannable()[0]  # builds and plans, cannot run (TensorRT)
+        installed = not ok and bool(cls.install_hint) and \
+            missing_packages(cls.install_hint) == []
         try:
-            version = be.version() if ok or builds else "-"
-        except Exception:  # noqa: BLE001
+            version = be.version() if ok or builds or installed else "-"
+        except Exception:  # noqa: BLE001 - a version is not worth a crash
             version = "-"
         status = "available" if ok else "plans only" if builds else "unavailable"
         if builds:
             why = f"builds and plans (dry runs), cannot run here: {why}"
-        elif not ok and cls.install_hint and missing_packages(cls.install_hint) == []:
+        elif installed:
             why = f"installed, but cannot run here: {why}"
         elif not ok:
             why += install_advice(cls)

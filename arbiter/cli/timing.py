@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..report.cells import plural
+
 #: a machine is too busy to time when its load average per usable CPU passes this
 BUSY_LOAD_PER_CPU = 1.5
 #: ... or when a callable's round medians spread over more than this share of its median
@@ -39,7 +41,7 @@ class Timed:
 
     def line(self) -> str:
         return (f"{self.name} {self.median_ms:.3f} ms (rounds {min(self.rounds_ms):.3f}-"
-                f"{max(self.rounds_ms):.3f}, {self.calls} calls each)")
+                f"{max(self.rounds_ms):.3f}, {plural(self.calls, 'call')} each)")
 
 
 @dataclass
@@ -49,9 +51,10 @@ class Load:
     others: int  # other processes using CPU (-1: unknown)
 
     def line(self) -> str:
-        others = f", {self.others} other busy processes" if self.others >= 0 else ""
+        others = (f", {plural(self.others, 'other busy process', 'other busy processes')}"
+                  if self.others >= 0 else "")
         return (f"load average {self.average[0]:.2f} before, {self.average[1]:.2f} after, "
-                f"on {self.cpus} CPUs{others}")
+                f"on {plural(self.cpus, 'CPU')}{others}")
 
 
 def _load_average() -> float:
@@ -103,7 +106,7 @@ def too_busy(timed: dict[str, Timed], load: Load) -> Optional[str]:
     why = []
     worst = max(load.average)
     if worst > BUSY_LOAD_PER_CPU * load.cpus:
-        why.append(f"load average {worst:.2f} on {load.cpus} CPUs")
+        why.append(f"load average {worst:.2f} on {plural(load.cpus, 'CPU')}")
     for t in timed.values():
         if len(t.rounds_ms) > 1 and t.spread > BUSY_SPREAD:
             why.append(f"{t.name}'s rounds spread over {t.spread:.0%} of its median")
