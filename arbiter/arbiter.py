@@ -39,8 +39,8 @@ from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import checked_candidates, get_policy
-from .plan.rules import graph_ops, names, unmatched_message
-from .registry import Backend, get_backend_class
+from .plan.rules import graph_ops, names, pending_backward_ops, unmatched_message
+from .registry import Backend, get_backend_class, install_advice
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
 from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
@@ -118,7 +118,7 @@ class Arbiter:
                 self.plans_only[name] = why
                 log.info("backend %s cannot run here (%s); the dry run plans onto it", name, why)
             elif not ok:
-                hint = f" (install: {cls.install_hint})" if cls.install_hint else ""
+                hint = install_advice(cls)  # only when a package it needs is missing
                 self.unavailable[name] = why + hint
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
             self.backends[name] = backend
@@ -334,7 +334,9 @@ class Arbiter:
 
     def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
         """Warn (once per rule) about a pin or exclude that names no op of the graphs
-        compiled so far. A forward graph waits for its backward, which may hold the op."""
+        compiled so far. A forward graph is judged with its backward, which may hold the
+        op: AOTAutograd made that graph already and compiles it at the first backward,
+        which may never come (a forward with gradients on and no backward)."""
         rules = self._rules()
         if not rules:
             return
@@ -342,7 +344,11 @@ class Arbiter:
             self._seen_ops |= graph_ops(gm)
             seen = set(self._seen_ops)
         if kind == "forward":
-            return
+            backward = pending_backward_ops()
+            if backward is None:  # not found: wait for the backward's own compile
+                return
+            seen |= backward
+            label += " and its backward"
         for rule, op, backend in rules:
             if (rule, op) in self._warned or any(names(op, o) for o in seen):
                 continue

@@ -77,6 +77,21 @@ def run_in_plan_order(plan, gm: torch.fx.GraphModule, *args: Any) -> Any:
     return torch.fx.node.map_arg(out.args[0], lambda v: env[v])
 
 
+def run_cli(argv: list[str], capsys) -> tuple[str, str]:
+    """``arbiter ARGV`` in this process, Dynamo reset around it: (stdout, stderr); it must
+    succeed."""
+    from arbiter.cli import main
+
+    torch._dynamo.reset()
+    try:
+        rc = main(argv)
+    finally:
+        torch._dynamo.reset()
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out, err
+
+
 def write_manifest(directory: Path, name: str, ops: list[str], *,
                    dynamic: bool = False, extra: str = "") -> Path:
     path = directory / f"{name}.yaml"

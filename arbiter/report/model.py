@@ -451,7 +451,9 @@ class Report(BaseModel):
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
-        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
+        from .cells import plural
+
+        return (f"{plural(len(self.graphs), 'graph')}, {plural(len(parts), 'partition')}; "
                 f"{ran}: {share or '-'}; "
                 f"fallbacks: {falls}{shaped}{breaks}")
 
