@@ -173,11 +173,14 @@ class Arbiter:
         backward graph), which ``spin: auto`` reads (docs/resources.md); call it first
         to use a backend's sessions before any compile."""
         self._resources_applied = True
-        return apply_resources(self.config.resources,
-                               [b for n, b in self.backends.items()
-                                if n not in self.unavailable],
-                               first_backend=self.config.backends[0].name,
-                               training=training)
+        settings = apply_resources(self.config.resources,
+                                   [b for n, b in self.backends.items()
+                                    if n not in self.unavailable],
+                                   first_backend=self.config.backends[0].name,
+                                   training=training)
+        for variant in self.planner.variants.values():  # lower precision: its base's
+            variant.use_budget(self.backends[variant.base_name].budget)
+        return settings
 
     def _add_variants(self) -> None:
         """Config `accuracy`: the lower-precision variants the configured backends offer

@@ -203,6 +203,15 @@ class Backend:
         return other
 
     # -- shared resources (arbiter/run/resources.py) --------------------------------------
+    #: the budget of the config this instance belongs to (``use_budget``); None before
+    budget: Optional[Any] = None
+
+    def use_budget(self, budget: Any) -> None:
+        """The ``resources.Budget`` of this instance's config (threads as the process
+        has them; its own ``spin``): for what a backend can set per compiled model,
+        such as whether a session's threads spin. Called for every instance."""
+        self.budget = budget
+
     def configure_resources(self, budget: Any) -> dict[str, Any]:
         """Apply the process's ``resources.Budget`` (threads, spin owner, shared arena).
 

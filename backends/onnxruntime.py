@@ -42,8 +42,8 @@ from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
 
 log = logging.getLogger(__name__)
 
-#: What configure_resources set for the whole process: "global_pool" (its size),
-#: "env_arena" (sessions use the shared arena), "no_spin" (per-session pools, no spin).
+#: What configure_resources set for the whole process: "session_threads" (each session's
+#: pool), "env_arena" (sessions use the shared arena).
 _PROCESS: dict = {}
 
 _NP_NAMES = {
@@ -249,19 +249,20 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
     # -- threads, spinning, arena (arbiter/run/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
-        """Threads and one arena for every session of the process.
+        """Threads, spinning and one arena for the sessions arbiter makes, and none for
+        anyone else's.
 
-        ORT's Python API sets only the sizes of its global pool, not its spinning: with
-        ``session.intra_op.allow_spinning=0`` and ``session.force_spinning_stop=1`` its
-        worker still burned 40 ms of CPU in the 200 ms after a run (measured). So:
-        - when this backend owns the spin (``resources: {spin: ...}``; ``auto`` gives it to
-          the config's first backend), one global pool of the budget's threads serves
-          every session (few threads, spinning);
-        - otherwise each session gets its own pool of the budget's threads with spinning
-          off (per-session pools honour ``allow_spinning=0``: 0.1 ms of CPU after a run).
-          A pool without workers (size 1) was tried first and lost half the speed:
-          GPT-2 small 224 ms against 123 ms (docs/resources.md).
-        The arena is registered once, before the first session.
+        Every session gets its own pool of the budget's threads (ONNX Runtime's global
+        pool is never set: once it exists, every session in the process must use it,
+        and a plain ``InferenceSession`` of the user's, or of another library, fails
+        with "use_per_session_threads must be false when using a global thread pool").
+        Its workers spin after a run only when this config gives ONNX Runtime the spin
+        (``resources: {spin: ...}``; ``auto``: the config's first backend, unless its
+        first graph trains): ``session.intra_op.allow_spinning``, which per-session pools
+        honour (0.1 ms of CPU after a run with it off, docs/resources.md), so the spin is
+        each Arbiter's own (``use_budget``) and a second config never conflicts with the
+        first over it. The arena is registered once, before the first session, and used
+        only by sessions that ask for it (``session.use_env_allocators``).
         """
         if not budget.coordinate:
             return {"coordinated": False, "pool": "per session (ONNX Runtime's defaults)",
@@ -273,23 +274,10 @@ class OnnxRuntime(ExactNonfinite, Backend):
             settings["pool"] = (f"per session, {self.options.intra_op_num_threads} "
                                 "threads (backend option intra_op_num_threads)")
             settings["allow_spinning"] = self.options.allow_spinning
-        elif budget.may_spin(self.name):
-            try:
-                ort.set_global_thread_pool_sizes(budget.threads, 1)
-                _PROCESS["global_pool"] = budget.threads
-                settings["pool"] = f"global, {budget.threads} thread(s)"
-                settings["allow_spinning"] = budget.threads > 1
-            except Exception as exc:  # noqa: BLE001 - the pool exists already
-                settings["pool"] = (f"per session, {budget.threads} thread(s), spinning off "
-                                    f"(global pool could not be set: {str(exc).strip()[:160]})")
-                settings["allow_spinning"] = False
-                _PROCESS["session_threads"] = budget.threads
-                _PROCESS["no_spin"] = True
         else:
             _PROCESS["session_threads"] = budget.threads
-            _PROCESS["no_spin"] = True
-            settings["pool"] = f"per session, {budget.threads} thread(s), spinning off"
-            settings["allow_spinning"] = False
+            settings["pool"] = (f"per session, {budget.threads} thread(s); spinning where "
+                                "the config gives onnxruntime the spin")
         if budget.shared_arena:
             mem = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
                                     ort.OrtMemType.DEFAULT)
@@ -297,10 +285,18 @@ class OnnxRuntime(ExactNonfinite, Backend):
             # max_dead_bytes_per_chunk): -1 and 0 mean ORT's defaults.
             ort.create_and_register_allocator(mem, ort.OrtArenaCfg(0, -1, -1, -1))
             _PROCESS["env_arena"] = True
-            settings["arena"] = "one, shared by every session (CPU)"
+            settings["arena"] = "one, shared by arbiter's sessions (CPU)"
         else:
             settings["arena"] = "per session"
         return settings
+
+    def _spins(self) -> bool:
+        """Whether this instance's sessions may spin: the option when its threads are
+        set explicitly, else whether its config's budget gives it the spin."""
+        if "intra_op_num_threads" in self.options.model_fields_set or self.budget is None:
+            return self.options.allow_spinning
+        return self.budget.coordinate and self.budget.may_spin(self.base_name or self.name) \
+            and self.budget.threads > 1
 
     def make_session(self, model_bytes: bytes, disabled_optimizers: tuple[str, ...] = ()):
         """An InferenceSession with the options and the process's pool and arena, without
@@ -315,16 +311,12 @@ class OnnxRuntime(ExactNonfinite, Backend):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.options.graph_optimization_level]
-        explicit = "intra_op_num_threads" in self.options.model_fields_set
         if self.options.intra_op_num_threads is not None:
             so.intra_op_num_threads = self.options.intra_op_num_threads
         elif "session_threads" in _PROCESS:
             so.intra_op_num_threads = _PROCESS["session_threads"]
-        if "global_pool" in _PROCESS and not explicit:
-            so.use_per_session_threads = False
-        else:
-            spin = self.options.allow_spinning and not _PROCESS.get("no_spin")
-            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        so.add_session_config_entry("session.intra_op.allow_spinning",
+                                    "1" if self._spins() else "0")
         if _PROCESS.get("env_arena"):
             so.add_session_config_entry("session.use_env_allocators", "1")
         return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers),
