@@ -27,8 +27,8 @@ symbolic shapes too. They compute what the CPU kernels compute, masks included:
 * gelu is exact on CPU and tanh-approximated on CUDA (``_addmm_activation``'s epilogue).
 
 Each returns ``NotImplemented`` for arguments the kernel refuses or that these do not
-cover (nested tensors, a mask of another rank than its ``mask_type`` says): the op then
-stays whole, and eager runs it as before.
+cover (nested tensors, a mask of another shape than its ``mask_type`` says): the op
+then stays whole, and eager runs it as before.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -50,20 +51,20 @@ def _nested(*ts: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_nested for t in ts)
 
 
-def _mask(mask: torch.Tensor, mask_type: Any) -> Any:
-    """The mask as a boolean broadcastable to the scores (B, H, L, S), or None when the
-    kernel would refuse its rank for ``mask_type``."""
-    if mask_type == 0 and mask.dim() == 2:  # (L, S): broadcast over batch and heads
-        out = mask
-    elif mask_type == 1 and mask.dim() == 2:  # (B, S): every head and query row
-        out = aten.unsqueeze.default(aten.unsqueeze.default(mask, 1), 1)
-    elif mask_type in (2, None) and mask.dim() == 4:
-        out = mask
-    else:
+def _mask(mask: torch.Tensor, mask_type: Any, scores: list) -> Any:
+    """The mask as a boolean broadcastable to the scores (``scores``: B, H, L, S), or
+    None where the kernel refuses it: a shape other than its ``mask_type`` says (sizes
+    only compared where known to differ: symbolic ones get no new guard)."""
+    b, _, length, source = scores
+    want = {0: [length, source], 1: [b, source], 2: scores, None: scores}.get(mask_type)
+    if want is None or mask.dim() != len(want) or any(
+            statically_known_true(m != w) for m, w in zip(mask.shape, want)):
         return None
-    if out.dtype != torch.bool:  # the kernel's `mask.to(kBool)`: nonzero masks
-        out = aten._to_copy.default(out, dtype=torch.bool)
-    return out
+    if mask_type == 1:  # (B, S): every head and query row; (L, S) broadcasts as it is
+        mask = aten.unsqueeze.default(aten.unsqueeze.default(mask, 1), 1)
+    if mask.dtype != torch.bool:  # the kernel's `mask.to(kBool)`: nonzero masks
+        mask = aten._to_copy.default(mask, dtype=torch.bool)
+    return mask
 
 
 def _heads(x: torch.Tensor, num_head: int) -> torch.Tensor:
@@ -83,12 +84,12 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
     if _nested(query, key, value) or query.dim() != 3 or key.dim() != 3 or value.dim() != 3 \
             or embed_dim % num_head != 0:
         return NotImplemented
+    d = embed_dim
     keep = None
     if mask is not None:
-        keep = _mask(mask, mask_type)
+        keep = _mask(mask, mask_type, [query.shape[0], num_head, query.shape[1], key.shape[1]])
         if keep is None:
             return NotImplemented
-    d = embed_dim
     if query is key and key is value:  # self-attention: one projection, split
         q, k, v = aten.split.Tensor(aten.linear.default(query, qkv_weight, qkv_bias), d, -1)
     else:
