@@ -47,7 +47,8 @@ FAST = {
         "conv_transpose2d_groups_dilation", "logsumexp", "glu_prelu", "roll_flip",
         "tril_triu", "bucketize_side_input",
     ),
-    "cpu_all": ("embedding_bag_mean_padding", "interpolate_area", "glu_prelu", "sort"),
+    "cpu_all": ("embedding_bag_mean_padding", "interpolate_area", "glu_prelu", "sort",
+                "cumsum", "gather", "group_norm", "tril_triu", "logsumexp", "roll_flip"),
 }
 
 #: Shares of a config's cases whose key op's forward nodes must run on a backend other than
@@ -75,35 +76,7 @@ class Wrong:
     caught_by: tuple[str, ...] = ("unverified", "first", "every")
 
 
-_EMBEDDING_BAG = ("ONNX Runtime runs aten._embedding_bag (onnxscript's torchlib) with right "
-                  "bags but returns zeros for offset2bag (output 1) and, in modes mean and "
-                  "max, bag_size and max_indices (outputs 2, 3); "
-                  "_embedding_bag_backward reads them: the weight's gradient is wrong. "
-                  "_embedding_bag.default is `declared` (never probed) in "
-                  "capabilities/onnxruntime.yaml: verify `unverified` checks the partition "
-                  "and traces it to those outputs. cpu_all: OpenVINO fails to convert it "
-                  "and ONNX Runtime takes it")
 WRONG: dict[str, Wrong] = {
-    "embedding_bag_sum_padding": Wrong(CONFIGS, _EMBEDDING_BAG),
-    "embedding_bag_mean_padding": Wrong(CONFIGS, _EMBEDDING_BAG),
-    "embedding_bag_max": Wrong(CONFIGS, _EMBEDDING_BAG),
-    "scatter_reduce_mean": Wrong(
-        ("default",),
-        "onnxscript's torchlib exports scatter_reduce(reduce='mean') as ScatterElements "
-        "with reduction 'none' (the last write wins, no mean); aten.scatter_reduce.two is "
-        "`probed` for float32 in capabilities/onnxruntime.yaml: the probe ran the sum "
-        "sample and skipped the mean one, its (op, dtype) already passed. Every op of the "
-        "forward partition is probed, so `unverified` does not check it: only `first` and "
-        "`every` catch it. cpu_all plans the op in eager", caught_by=("first", "every")),
-    "logcumsumexp_wide_range": Wrong(
-        ("default",),
-        "onnxscript's torchlib computes logcumsumexp as log(cumsum(exp(x - rowmax))) + "
-        "rowmax: a prefix more than ~88 below its row's maximum underflows, log(0) = -inf "
-        "where eager is finite (here -150.x becomes -inf), and the backward's "
-        "exp(-inf - -inf) makes every gradient NaN. aten.logcumsumexp is `probed` for "
-        "float32 in capabilities/onnxruntime.yaml (samples of ordinary range); "
-        "`unverified` checks the partition only because it holds aten.detach (declared), "
-        "as training forwards do (an inference graph holds none: -inf unchecked)"),
     "multilabel_margin": Wrong(
         CONFIGS,
         "PyTorch's own decomposition (torch/_decomp/decompositions.py, "
