@@ -6,13 +6,13 @@ graph::
     Arbiter.__call__(gm, example_inputs)          # Dynamo hands us a Torch-IR graph
       run.lower.lower                             # AOTAutograd -> ATen graphs
         Arbiter._compile_graph(graph, kind)       # once per inference/forward/backward graph
-          policy.choose(planner, graph)           # plan.policy: who runs what
+          policy.decide(planner, graph, context)  # plan.policy: who runs what, what is timed
           run.split.extract / run.piece.Piece     # one lazily compiled piece per partition
           run.split.stitch                        # one GraphModule calling the pieces
                                                   # (run.split.Direct: one piece, called)
-          run.measured.MeasuredGraph              # a policy that times on the first call
+          measure.graph.MeasuredGraph             # Choice.timed: timed on the first call
           run.freeze.FrozenGraph                  # frozen weights checked on every call
-    Arbiter.report()                              # report.build, from the live records
+    Arbiter.report()                              # report.assemble, from the live records
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import platform
 import threading
 import time
 import weakref
-from types import SimpleNamespace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,10 +34,11 @@ from .config import Config, ConfigLike, load_config
 from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line
 from .findings import findings
+from .measure.graph import GraphToMeasure, MeasuredGraph
 from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
-from .plan.policy import checked_candidates, get_policy
+from .plan.policy import GraphContext, get_policy
 from .plan.rules import graph_ops, names, pending_backward_ops, unmatched_message
 from .registry import Backend, get_backend_class, install_advice
 from .report import BackendStatus, GraphBreakReport, Report
@@ -50,14 +50,13 @@ from .run.first_use import FirstUse
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
-from .run.measured import EAGER_MARGIN, MeasuredGraph
 from .run.piece import Piece, PieceRecord
 from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
 from .run.resources import in_force as resources_in_force
 from .run.split import extract, stitch
-from .run.verify import uniform_tolerances
+from .run.verify import DEFAULT_TOLERANCES
 from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
@@ -135,10 +134,7 @@ class Arbiter:
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             max_specializations=self.config.shapes.max_specializations,
             random=self.config.random,
-            decision_config=self.config.model_dump(mode="json", include={
-                "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights", "manifests", "shapes", "accuracy",
-                "policy", "random", "against_eager"}))
+            decision_config=self.config.decision_settings())
         self._lowered_verify = None
         if self.config.accuracy is not None and not dry_run:
             self._add_variants()
@@ -201,9 +197,7 @@ class Arbiter:
                 options = type(backend).Options.model_validate({**spec.options, **opts})
                 variant = backend.variant(label, options)
                 self.planner.variants[variant.name] = variant
-        self._lowered_verify = SimpleNamespace(
-            mode="every", every_n=acc.every_n,
-            tolerances=uniform_tolerances(acc.rtol, acc.atol))
+        self._lowered_verify = acc.verify_options(DEFAULT_TOLERANCES)
         log.info("accuracy rtol %g, atol %g: lower-precision candidates %s", acc.rtol,
                  acc.atol, ", ".join(self.planner.variants) or "none (no backend offers one)")
 
@@ -254,7 +248,10 @@ class Arbiter:
         start = time.perf_counter()
         if self._split_dropout:  # eager's dropout masks, drawn apart from the data
             split_dropout(gm)
-        choice = self.policy.choose(self.planner, gm)
+        syms = symbols(input_values(gm))
+        context = GraphContext(kind, symbolic=bool(syms), against_eager="off"
+                               if self.dry_run else self.config.against_eager)
+        choice = self.policy.decide(self.planner, gm, context)
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)
@@ -269,7 +266,7 @@ class Arbiter:
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
                              frozenset(constants), owner=owner,
-                             symbols=symbols(input_values(gm)), frame=_compile_id())
+                             symbols=syms, frame=_compile_id())
         with self._lock:
             self._graphs.append(record)
         self._check_rules(gm, kind, label)
@@ -293,29 +290,10 @@ class Arbiter:
                     "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
                                                 for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
-        cands, options = choice.candidates, self.config.measure
-        timed, margin = self.policy.measures, 0.0
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        # lower precision: inference graphs of static shapes only (docs/precision.md)
-        lowered_ok = kind == "inference" and not record.symbols
-        if not lowered_ok:
-            cands = [c for c in cands if not c.lowered]
-        if not self.policy.measures and not self.dry_run:
-            # a policy that does not time: its choice, timed on the first call against a
-            # lower-precision variant of priority's plan that is within the tolerance
-            # (`accuracy`), and against eager ATen (`against_eager`)
-            variants = bool(self.planner.variants) and lowered_ok
-            eager = self.config.against_eager == "all" or (
-                self.config.against_eager == "training" and kind != "inference")
-            if variants or eager:
-                cands = checked_candidates(self.planner, gm, choice.plan,
-                                           choice.outcome.chosen, variants=variants,
-                                           eager=eager)
-                options = options.model_copy(update={"refine": False, "mix": False})
-                timed, margin = True, EAGER_MARGIN if eager else 0.0
-                choice.outcome.against_eager = eager and len(cands) > 1
-        if timed and len(cands) > 1:
+        timed = choice.timed  # what the policy has timed on the first call (measure/)
+        if timed is not None and len(timed.candidates) > 1:
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
                 self._install(record, p, r)
                 # the placements not chosen: their pieces (compiled sessions) go with them
@@ -324,9 +302,10 @@ class Arbiter:
                             if id(piece.record) not in keep]:
                     del pieces[key]
 
-            fn = MeasuredGraph(self.planner, options, self.cache, gm, constants,
-                               cands, record, label, lambda c: build(c.plan), install,
-                               accuracy=self.config.accuracy, margin=margin)
+            graph = GraphToMeasure(gm, constants, record, label, lambda c: build(c.plan),
+                                   install)
+            fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
+                               accuracy=self.config.accuracy)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn
@@ -407,7 +386,7 @@ class Arbiter:
                               compile_timeout_s=self.config.compile_timeout_s,
                               lowered_verify=self._lowered_verify,
                               first_use=self._first_use)
-                piece.node_names = names  # measured.py keys per-partition timings by it
+                piece.node_names = names  # measure/ keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)
             sub, piece = pieces[key]
