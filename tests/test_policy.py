@@ -574,3 +574,69 @@ def test_a_candidate_that_fails_to_run_is_out_and_the_call_goes_on(slow_fast, tm
     assert out.chosen != "only fast" and not out.chosen.startswith("refine")
     assert out.candidates_ms["only fast"] is None
     assert any("only fast failed to run" in r.getMessage() for r in caplog.records)
+
+
+def _registered(cls):
+    from arbiter.plan.policy import register_policy
+
+    return register_policy(cls)
+
+
+@pytest.mark.parametrize("margin,chosen", [(0.5, "only fast"), (0.9999, "priority")])
+def test_a_third_party_policy_says_what_the_first_call_times(slow_fast, tmp_path, fresh_dynamo,
+                                                             margin, chosen):
+    """A policy of a third party overrides ``Policy.timed`` (arbiter/plan/policy.py): its
+    own plan (only slow) timed against only fast on the first call, which replaces it only
+    when faster by more than the policy's margin; no search (mixing, refinement)."""
+    from arbiter.plan.policy import Choice, Policy, PolicyOutcome, TimedChoice
+
+    @_registered
+    class SlowUnlessBeaten(Policy):
+        name = "test_slow_unless_beaten"
+
+        def choose(self, planner, gm):
+            cands = candidates(planner, gm)
+            slow = next(c for c in cands if "only slow" in c.labels)
+            return Choice(slow.plan, PolicyOutcome(self.name, chosen=slow.label), cands)
+
+        def timed(self, planner, gm, choice, graph):
+            assert graph.kind == "inference" and not graph.symbolic
+            mine = [c for c in choice.candidates if "only slow" in c.labels]
+            return TimedChoice(mine + [c for c in choice.candidates
+                                       if "only fast" in c.labels], margin=margin)
+
+    be = arbiter.Arbiter(_config(tmp_path, policy=SlowUnlessBeaten.name))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert out.policy == SlowUnlessBeaten.name
+    # priority == only slow (config order): one candidate, two labels
+    assert set(out.candidates_ms) == {"priority", "only slow", "only fast"}
+    assert all(v is not None for v in out.candidates_ms.values()), out.candidates_ms
+    assert out.chosen == chosen
+    assert not any(k.startswith(("refine", "mix")) for k in out.candidates_ms)
+
+
+def test_a_third_party_policy_that_measures_has_its_candidates_timed(slow_fast, tmp_path,
+                                                                      fresh_dynamo):
+    """``measures = True`` (the default ``Policy.timed``): every candidate of the policy's
+    choice is timed on the first call and the fastest installed."""
+    from arbiter.plan.policy import Choice, Policy, PolicyOutcome
+
+    @_registered
+    class CompiledOnly(Policy):
+        name = "test_compiled_only"
+        measures = True
+
+        def choose(self, planner, gm):
+            cands = [c for c in candidates(planner, gm) if "only eager" not in c.labels]
+            return Choice(cands[0].plan, PolicyOutcome(self.name), cands)
+
+    be = arbiter.Arbiter(_config(tmp_path, policy=CompiledOnly.name, refine=False,
+                                 mix=False))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert set(out.candidates_ms) == {"priority", "only slow", "only fast"}
+    assert all(v is not None for v in out.candidates_ms.values()), out.candidates_ms
+    assert out.chosen == "only fast"
