@@ -188,10 +188,12 @@ class OpenVino(ExactNonfinite, Backend):
     # The CPU plugin holds every integer in 32 bits, inputs included: cat, where, add,
     # mul, sum, cumsum and comparisons of int64 values past +-2**31 come back wrong
     # (arbiter probe openvino --edges). An embedding's indices index its table, which
-    # is far smaller.
+    # is far smaller; an embedding bag's int64 outputs (offset2bag, bag_size,
+    # max_indices) are positions and counts below its number of indices.
     narrow_dtypes = {torch.int64: "openvino's CPU plugin computes int64 in 32 bits "
                                   "(wrong past +-2**31)"}
-    narrow_dtype_ops = frozenset({"aten.embedding.default"})
+    narrow_dtype_ops = frozenset({"aten.embedding.default", "aten._embedding_bag.default",
+                                  "aten._embedding_bag_forward_only.default"})
 
     def available(self) -> tuple[bool, str]:
         try:
