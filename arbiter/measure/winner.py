@@ -6,9 +6,10 @@
   then).
 * ``held``: with a policy's margin (config `against_eager`), the policy's own plan stays
   unless the pick was measured faster than it by more than the margin.
-* ``record_outcome``: the outcome of the race on the graph's ``PolicyOutcome`` (every candidate's
-  median and quartiles, per-partition times, rounds, whether the winner was apart, the
-  lower-precision errors and refusals, the placements that fell back while timed).
+* ``record_outcome``: the outcome of the race on the graph's ``PolicyOutcome`` (every
+  candidate's median and quartiles, per-partition times, rounds, whether the winner was
+  apart, the lower-precision errors and refusals, the placements that fell back while
+  timed).
 """
 from __future__ import annotations
 
@@ -55,9 +56,9 @@ def held(candidates: Sequence[Candidate], chosen: Candidate, margin: float) -> C
     return first
 
 
-def record_outcome(outcome: PolicyOutcome, chosen: Candidate, candidates: Sequence[Candidate],
-           timing: Timing, tolerance: Optional[tuple[float, float]],
-           installed: Callable) -> None:
+def record_outcome(outcome: PolicyOutcome, chosen: Candidate,
+                   candidates: Sequence[Candidate], timing: Timing,
+                   tolerance: Optional[tuple[float, float]], installed: Callable) -> None:
     """What ``outcome`` keeps of the race that ``chosen`` won (``installed``: its
     stitched callable)."""
     plan: Plan = chosen.plan
