@@ -77,7 +77,7 @@ class MeasuredGraph:
         self._planner = planner
         self._opts = options
         self._cache = cache
-        self.candidates = timed.candidates
+        self.candidates = list(timed.candidates)  # refined and mixed ones join these
         self._margin = timed.margin  # the policy's own plan gives way only past this
         self._label = graph.label
         self._timing = Timing(options, graph.build, graph.label)
