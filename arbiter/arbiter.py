@@ -6,58 +6,51 @@ graph::
     Arbiter.__call__(gm, example_inputs)          # Dynamo hands us a Torch-IR graph
       run.lower.lower                             # AOTAutograd -> ATen graphs
         Arbiter._compile_graph(graph, kind)       # once per inference/forward/backward graph
-          policy.choose(planner, graph)           # plan.policy: who runs what
+          policy.decide(planner, graph, context)  # plan.policy: who runs what, what is timed
           run.split.extract / run.piece.Piece     # one lazily compiled piece per partition
           run.split.stitch                        # one GraphModule calling the pieces
                                                   # (run.split.Direct: one piece, called)
-          run.measured.MeasuredGraph              # a policy that times on the first call
+          measure.graph.MeasuredGraph             # Choice.timed: timed on the first call
           run.freeze.FrozenGraph                  # frozen weights checked on every call
-    Arbiter.report()                              # report.build, from the live records
+    Arbiter.report()                              # report.assemble, from the live records
 """
 from __future__ import annotations
 
 import logging
-import platform
 import threading
 import time
 import weakref
-from types import SimpleNamespace
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from ._version import __version__
 from .cache import from_options as cache_from_options
-from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
-from .config import Config, ConfigLike, load_config
+from .config import Config, ConfigLike, VerifyOptions, load_config
 from .decompose import split_dropout
-from .errors import ConfigError, warn_at_user_line
+from .errors import ConfigError
 from .findings import findings
+from .measure.graph import GraphToMeasure, MeasuredGraph
 from .ops import op_name
 from .plan.partition import Plan
-from .plan.planner import Planner, safe_version
-from .plan.policy import checked_candidates, get_policy
-from .plan.rules import graph_ops, names, pending_backward_ops, unmatched_message
+from .plan.planner import Planner
+from .plan.policy import GraphContext, get_policy
+from .plan.rules import RuleWatch, config_rules, names
 from .registry import Backend, get_backend_class, install_advice
-from .report import BackendStatus, GraphBreakReport, Report
-from .report.advice import advise
-from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
-                           kind_reports, shape_eager_share)
-from .run.dynamic import chain_labels, shape_chain
+from .report import Report
+from .report.assemble import assemble
+from .report.build import SHAPE_EAGER_WARN, shape_eager_share
+from .run.build import Builder
 from .run.first_use import FirstUse
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
-from .run.measured import EAGER_MARGIN, MeasuredGraph
 from .run.piece import Piece, PieceRecord
 from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
-from .run.resources import in_force as resources_in_force
-from .run.split import extract, stitch
-from .run.verify import uniform_tolerances
+from .run.verify import DEFAULT_TOLERANCES
 from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
@@ -129,19 +122,19 @@ class Arbiter:
         for backend in self.backends.values():
             backend.artifact_cache = self.cache
         findings().attach(self.cache)  # what first-use checks found, kept between processes
-        self._first_use = FirstUse(self.config.verify.tolerances)
         self.planner = Planner(
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
             max_specializations=self.config.shapes.max_specializations,
             random=self.config.random,
-            decision_config=self.config.model_dump(mode="json", include={
-                "backends", "fallback", "min_block_size", "exclude_ops", "pin",
-                "decompositions", "freeze_weights", "manifests", "shapes", "accuracy",
-                "policy", "random", "against_eager"}))
-        self._lowered_verify = None
+            decision_config=self.config.decision_settings())
+        lowered_verify = None
         if self.config.accuracy is not None and not dry_run:
-            self._add_variants()
+            lowered_verify = self._add_variants()
+        self._builder = Builder(self.planner, self.config, dry_run=dry_run,
+                                lowered_verify=lowered_verify,
+                                first_use=FirstUse(self.config.verify.tolerances),
+                                track=self._track)
         self.policy = get_policy(self.config.policy if not dry_run else "priority")
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
@@ -159,8 +152,9 @@ class Arbiter:
         self._split_dropout = self.config.random == "eager" and not any(
             names(op, "aten.native_dropout.default")
             for op in (*self.config.exclude_ops, *self.config.pin))
-        self._seen_ops: set[str] = set()  # ops of every graph compiled (pins, excludes)
-        self._warned: set = set()
+        # pins and excludes that name no op of the graphs compiled so far: warned once
+        self._rule_watch = RuleWatch(config_rules(self.config.pin, self.config.exclude_ops),
+                                     self._decomposed)
         # one thread budget and arena per process, applied at the first graph (before any
         # compile): `spin: auto` depends on whether that graph trains (apply_resources)
         self._resources_applied = dry_run
@@ -182,10 +176,10 @@ class Arbiter:
             variant.use_budget(self.backends[variant.base_name].budget)
         return settings
 
-    def _add_variants(self) -> None:
+    def _add_variants(self) -> VerifyOptions:
         """Config `accuracy`: the lower-precision variants the configured backends offer
-        become candidates (``Planner.variants``), checked while they run one call in
-        ``accuracy.every_n`` with that tolerance (docs/precision.md)."""
+        become candidates (``Planner.variants``); returns how they are checked while they
+        run: one call in ``accuracy.every_n``, with that tolerance (docs/precision.md)."""
         acc = self.config.accuracy
         for spec in self.config.backends:
             backend = self.backends[spec.name]
@@ -201,11 +195,9 @@ class Arbiter:
                 options = type(backend).Options.model_validate({**spec.options, **opts})
                 variant = backend.variant(label, options)
                 self.planner.variants[variant.name] = variant
-        self._lowered_verify = SimpleNamespace(
-            mode="every", every_n=acc.every_n,
-            tolerances=uniform_tolerances(acc.rtol, acc.atol))
         log.info("accuracy rtol %g, atol %g: lower-precision candidates %s", acc.rtol,
                  acc.atol, ", ".join(self.planner.variants) or "none (no backend offers one)")
+        return acc.verify_options(DEFAULT_TOLERANCES)
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -254,7 +246,10 @@ class Arbiter:
         start = time.perf_counter()
         if self._split_dropout:  # eager's dropout masks, drawn apart from the data
             split_dropout(gm)
-        choice = self.policy.choose(self.planner, gm)
+        syms = symbols(input_values(gm))
+        context = GraphContext(kind, symbolic=bool(syms), against_eager="off"
+                               if self.dry_run else self.config.against_eager)
+        choice = self.policy.decide(self.planner, gm, context)
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)
@@ -264,15 +259,15 @@ class Arbiter:
         pieces: dict = {}
 
         def build(p: Plan) -> tuple[Callable, dict[int, PieceRecord]]:
-            return self._build(p, constants, label, pieces)
+            return self._builder.build(p, constants, label, pieces)
 
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
                              frozenset(constants), owner=owner,
-                             symbols=symbols(input_values(gm)), frame=_compile_id())
+                             symbols=syms, frame=_compile_id())
         with self._lock:
             self._graphs.append(record)
-        self._check_rules(gm, kind, label)
+        self._rule_watch.check(gm, kind, label)
         plan = choice.plan
         log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s); "
                  "%d to compile", label,
@@ -293,29 +288,10 @@ class Arbiter:
                     "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
                                                 for r in record.symbols.values()), share * 100)
         fn: Callable = stitched
-        cands, options = choice.candidates, self.config.measure
-        timed, margin = self.policy.measures, 0.0
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        # lower precision: inference graphs of static shapes only (docs/precision.md)
-        lowered_ok = kind == "inference" and not record.symbols
-        if not lowered_ok:
-            cands = [c for c in cands if not c.lowered]
-        if not self.policy.measures and not self.dry_run:
-            # a policy that does not time: its choice, timed on the first call against a
-            # lower-precision variant of priority's plan that is within the tolerance
-            # (`accuracy`), and against eager ATen (`against_eager`)
-            variants = bool(self.planner.variants) and lowered_ok
-            eager = self.config.against_eager == "all" or (
-                self.config.against_eager == "training" and kind != "inference")
-            if variants or eager:
-                cands = checked_candidates(self.planner, gm, choice.plan,
-                                           choice.outcome.chosen, variants=variants,
-                                           eager=eager)
-                options = options.model_copy(update={"refine": False, "mix": False})
-                timed, margin = True, EAGER_MARGIN if eager else 0.0
-                choice.outcome.against_eager = eager and len(cands) > 1
-        if timed and len(cands) > 1:
+        timed = choice.timed  # what the policy has timed on the first call (measure/)
+        if timed is not None and len(timed.candidates) > 1:
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
                 self._install(record, p, r)
                 # the placements not chosen: their pieces (compiled sessions) go with them
@@ -324,42 +300,13 @@ class Arbiter:
                             if id(piece.record) not in keep]:
                     del pieces[key]
 
-            fn = MeasuredGraph(self.planner, options, self.cache, gm, constants,
-                               cands, record, label, lambda c: build(c.plan), install,
-                               accuracy=self.config.accuracy, margin=margin)
+            graph = GraphToMeasure(gm, constants, record, label, lambda c: build(c.plan),
+                                   install)
+            fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
+                               accuracy=self.config.accuracy)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn
-
-    def _rules(self) -> list[tuple[str, str, str]]:
-        return [("pin", op, b) for op, b in self.config.pin.items()] + \
-            [("exclude", op, "") for op in self.config.exclude_ops]
-
-    def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
-        """Warn (once per rule) about a pin or exclude that names no op of the graphs
-        compiled so far. A forward graph is judged with its backward, which may hold the
-        op: AOTAutograd made that graph already and compiles it at the first backward,
-        which may never come (a forward with gradients on and no backward)."""
-        rules = self._rules()
-        if not rules:
-            return
-        with self._lock:
-            self._seen_ops |= graph_ops(gm)
-            seen = set(self._seen_ops)
-        if kind == "forward":
-            backward = pending_backward_ops()
-            if backward is None:  # not found: wait for the backward's own compile
-                return
-            seen |= backward
-            label += " and its backward"
-        for rule, op, backend in rules:
-            if (rule, op) in self._warned or any(names(op, o) for o in seen):
-                continue
-            self._warned.add((rule, op))
-            msg = unmatched_message(rule, op, backend, seen, self._decomposed,
-                                    where=f" in the graphs compiled so far (up to {label})")
-            log.debug("%s", msg)
-            warn_at_user_line(f"arbiter: {msg}")
 
     def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
                  record: GraphRecord, label: str) -> Callable:
@@ -369,7 +316,7 @@ class Arbiter:
         def rebuild(consts: dict) -> Callable:
             # the plan in force (policy measure installed its choice at the first call)
             # built around other constants; pieces are new, so they compile again
-            new, records = self._build(record.plan, consts, label, {})
+            new, records = self._builder.build(record.plan, consts, label, {})
             self._install(record, record.plan, records)
             with self._lock:
                 record.constant_nodes = frozenset(consts)
@@ -378,42 +325,6 @@ class Arbiter:
 
         return FrozenGraph(fn, constants, {n: where[n] for n in constants}, rebuild,
                            record.weight_events, label, self.config.refreeze_limit)
-
-    def _build(self, plan: Plan, constants: dict, label: str,
-               pieces: dict) -> tuple[Callable, dict[int, PieceRecord]]:
-        """The stitched module of ``plan``, reusing pieces from ``pieces`` (updated)."""
-        records: dict[int, PieceRecord] = {}
-        runners = {}
-        inline = set()
-        for part in plan.partitions:
-            chain = self.planner.chain_for(plan, part)
-            if chain[0].inline_aten or self.dry_run:
-                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
-                record.backend = part.backend if not self.dry_run else ""
-                records[part.id] = record
-                inline.add(part.id)
-                continue
-            names = tuple(n.name for n in part.nodes)
-            key = (tuple(b.name for b in chain), names)
-            if key not in pieces:
-                sub = extract(plan, part, constants)
-                # symbolic shapes: views of the chain's backends (run/dynamic.py)
-                per_shape = {b for n in part.nodes for b in plan.support[n].per_shape}
-                chain = shape_chain(chain, sub.gm, per_shape,
-                                    self.config.shapes.max_specializations,
-                                    self.config.verify.tolerances, label)
-                record = PieceRecord(part.id, part.backend, chain_labels(chain))
-                piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
-                              compile_timeout_s=self.config.compile_timeout_s,
-                              lowered_verify=self._lowered_verify,
-                              first_use=self._first_use)
-                piece.node_names = names  # measured.py keys per-partition timings by it
-                self._track(piece)
-                pieces[key] = (sub, piece)
-            sub, piece = pieces[key]
-            records[part.id] = piece.record
-            runners[part.id] = (sub, piece)
-        return stitch(plan, runners, inline), records
 
     def _install(self, record: GraphRecord, plan: Plan, records: dict[int, PieceRecord]) -> None:
         """Put ``plan`` and its pieces' records on the graph's record (a policy's choice
@@ -440,23 +351,6 @@ class Arbiter:
             piece.timed = self._timed
             self._pieces.add(piece)
 
-    def _rule_warnings(self, graphs: list[GraphRecord], reports: list) -> list[str]:
-        """Pins and excludes that apply to no node of ``graphs``; pins their backend did
-        not take everywhere, with why (the report's ``warnings``)."""
-        out = []
-        seen = set().union(*(graph_ops(g.plan.graph_module) for g in graphs)) if graphs else set()
-        for rule, op, backend in self._rules():
-            if graphs and not any(names(op, o) for o in seen):
-                out.append(unmatched_message(rule, op, backend, seen, self._decomposed))
-        for r in reports:
-            for rule in r.rules:
-                if rule.kind == "pin" and rule.applied < rule.nodes:
-                    why = "; ".join(f"{n} node(s): {w}" for w, n in rule.why_not.items())
-                    out.append(f"pin {rule.op} -> {rule.backend}: {rule.applied} of "
-                               f"{rule.nodes} node(s) of graph {r.graph_id} on {rule.backend}"
-                               f"; {why}")
-        return out
-
     def owners(self) -> list[Owner]:
         """The compiled models this Arbiter made graphs for, in order of their first graph."""
         with self._lock:
@@ -472,43 +366,15 @@ class Arbiter:
         other settings (fast: planning is linear). Dynamo's graph breaks are those seen
         while compiling (what ``torch._dynamo.explain`` would count)."""
         wanted = model if isinstance(model, Owner) or model is None else owner_of(model)
-        statuses = []
-        versions = {"python": platform.python_version(), "torch": torch.__version__,
-                    "arbiter": __version__}
-        for name, backend in self.backends.items():
-            ok = name not in self.unavailable
-            version = safe_version(backend) if ok else None
-            statuses.append(BackendStatus(name=name, available=ok and name not in self.plans_only,
-                                          reason=self.unavailable.get(name, "")
-                                          or self.plans_only.get(name, ""),
-                                          version=version, color=backend.color,
-                                          plans_only=name in self.plans_only))
-            versions[name] = version or ("unavailable" if not ok else "unknown")
         graphs = self.graphs
         with self._lock:
             dynamo = list(self._dynamo_graphs)
         if wanted is not None:
             graphs = [g for g in graphs if matches(g.owner, wanted)]
             dynamo = [d for d in dynamo if matches(d.owner, wanted)]
-        breaks = GraphBreakReport(graphs=len(dynamo), breaks=sum(d.graph_break for d in dynamo),
-                                  reasons=[d.reason for d in dynamo if d.graph_break]) \
-            if dynamo else None
-        tips = advise([g.plan for g in graphs], self.planner.table, self.config.min_block_size,
-                      (MUTATES, NOT_ATEN, RANDOM, SCALAR)) if advice else []
-        names = list(dict.fromkeys(str(g.owner) for g in graphs))
-        every = {**self.backends, **self.planner.variants}
-        reports = [graph_report(g, every, self.config.pin, self.config.exclude_ops)
-                   for g in graphs]
-        return Report(config=self.config.source, dry_run=self.dry_run, backends=statuses,
-                      model=str(wanted) if wanted is not None else ", ".join(names) or None,
-                      graph_breaks=breaks,
-                      config_dump=self.config.model_dump(mode="json"), versions=versions,
-                      advice=tips, warnings=self._rule_warnings(graphs, reports),
-                      graphs=reports,
-                      kinds=kind_reports(reports, {n for n, b in every.items()
-                                                   if b.inline_aten}),
-                      distributed=distributed_report(reports),
-                      resources={} if self.dry_run else resources_in_force())
+        return assemble(self.config, self.planner, self.plans_only, graphs, dynamo,
+                        model=None if wanted is None else str(wanted), rules=self._rule_watch.rules,
+                        decomposed=self._decomposed, dry_run=self.dry_run, advice=advice)
 
 
 def _compile_id():

@@ -23,6 +23,7 @@ would have been valid.
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -150,6 +151,14 @@ class AccuracyOptions(BaseModel):
                                "call in N (its first call included); out of tolerance, it "
                                "is demoted to its backend's float32, with a warning and a "
                                "fallback (stage `verify`) in the report")
+
+    def verify_options(self, dtypes: Iterable[str]) -> VerifyOptions:
+        """How a partition running a lower-precision variant is checked while it runs:
+        against eager one call in ``every_n``, with this tolerance on each of ``dtypes``
+        (the floating ones; integers and bools stay exact)."""
+        tolerance = Tolerance(rtol=self.rtol, atol=self.atol)
+        return VerifyOptions(mode="every", every_n=self.every_n,
+                             tolerances=dict.fromkeys(dtypes, tolerance))
 
     @model_validator(mode="after")
     def _some_tolerance(self) -> "AccuracyOptions":
@@ -331,6 +340,24 @@ class Config(BaseModel):
             if spec.name == name:
                 return spec.options
         return {}
+
+    def decision_settings(self) -> dict[str, Any]:
+        """The settings that key a cached decision (``DECISION_SETTINGS``), as JSON."""
+        return self.model_dump(mode="json", include=set(DECISION_SETTINGS))
+
+
+#: The settings of a ``Config`` that key a cached decision of policy `measure` (with the
+#: graph, its inputs, its frozen weights and the backends' versions and manifests:
+#: ``Planner.decision_parts``, docs/cache.md): a decision taken under other values of
+#: these is taken again. Those left out change how a decision is made or checked, not
+#: which placements exist or are allowed (`measure`'s budget and rounds; `mix`, which adds
+#: a candidate, keys it in arbiter/measure/decision.py), or nothing about placement
+#: (`cache`, `verify`, `resources`, `compile_timeout_s`, `refreeze_limit`). As
+#: Torch-TensorRT keeps its list of engine-invariant settings beside its settings class.
+DECISION_SETTINGS: frozenset[str] = frozenset({
+    "backends", "fallback", "min_block_size", "exclude_ops", "pin", "decompositions",
+    "freeze_weights", "manifests", "shapes", "accuracy", "policy", "random",
+    "against_eager"})
 
 
 def _check_semantics(config: Config, located: Located) -> Config:

@@ -187,7 +187,7 @@ class Backend:
         """Lower-precision option sets this backend offers on this machine: label ->
         options overriding the config's (``{"bf16": {"precision": "bf16"}}``). A config
         with ``accuracy:`` makes each a candidate, kept only when its outputs are within
-        that tolerance of eager (arbiter.run.measured). Default: none."""
+        that tolerance of eager (arbiter.measure.precision). Default: none."""
         return {}
 
     def variant(self, label: str, options: BaseModel) -> "Backend":

@@ -12,8 +12,8 @@ its segments have no piece time of their own), policy ``measure`` with ``mix`` o
 ``refine`` off, a large ``time_budget_s`` and ``MIX_SPAN`` lifted, so that every segment
 kind is probed on every backend, not only those within 1.5x of the fastest. The first
 call times the whole-graph candidates (``only <backend>``) and the segment probes
-(``_mix``, ``_time_segments``: one instance of each segment kind and of each adjacent pair
-kind per backend, the rest of the graph in eager, each piece's own time). The outcome's
+(arbiter/measure/mix.py, probes.py: one instance of each segment kind and of each adjacent
+pair kind per backend, the rest of the graph in eager, each piece's own time). The outcome's
 ``mix`` (``arbiter.plan.segments.SegmentTimes``) holds those times. Reported:
 
 * best single: the fastest ``only <backend>`` whole graph, timed end to end in the
@@ -91,19 +91,19 @@ def run_one(model_name: str, threads: int, budget_s: float, repeats: int) -> dic
     import torch
 
     import arbiter
-    import arbiter.run.measured as measured
+    import arbiter.measure.mix as mix
     from arbiter.cli import examples
     from arbiter.config import load_config
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    logging.getLogger("arbiter.run.measured").setLevel(logging.INFO)
+    logging.getLogger("arbiter.measure").setLevel(logging.INFO)
     for name in ("torch.onnx", "onnxscript", "onnx_ir", "torch.export", "torch._dynamo"):
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(threads)
     tmp = Path(tempfile.mkdtemp(prefix="mix-oracle-"))
     _register_eager_piece(tmp)
-    measured.MIX_SPAN = math.inf  # probe every backend, not only those near the fastest
-    measured.MIX_WHOLE = 99  # and time every whole-graph candidate in the probes' rounds
+    mix.MIX_SPAN = math.inf  # probe every backend, not only those near the fastest
+    mix.MIX_WHOLE = 99  # and time every whole-graph candidate in the probes' rounds
 
     cfg = load_config("cpu_all").model_dump(exclude={"source"})
     cfg["backends"] = list(cfg["backends"]) + [EAGER_PIECE]
@@ -129,7 +129,7 @@ def run_one(model_name: str, threads: int, budget_s: float, repeats: int) -> dic
                  "candidates_ms": {k: v for k, v in o.candidates_ms.items()}}
         if times is not None:
             segs = times.segments
-            label = {}  # a kind's name: its first instance, as measured.py logs it
+            label = {}  # a kind's name: its first instance, as measure/mix.py logs it
             for s in segs:
                 label.setdefault(s.kind, f"{s.cls or 'top level'}@{s.index}")
             single: dict = {}
@@ -157,7 +157,7 @@ def analyse(g: dict) -> dict:
 
     def saving(i: int, b: str) -> float:
         """What keeping segments i and i + 1 together on b saves, clipped as
-        measured.py's ``_mix`` clips it (0 to the smaller one's time)."""
+        measure/mix.py's ``chain_costs`` clips it (0 to the smaller one's time)."""
         one, two = single[seq[i]].get(b), single[seq[i + 1]].get(b)
         both = pair.get(f"{seq[i]}|{seq[i + 1]}", {}).get(b)
         if None in (one, two, both):

@@ -1,6 +1,6 @@
 """Config `against_eager`: a policy that does not measure has its plan timed against
 eager ATen on a graph's first call; eager runs the graph only when faster by more than
-the margin, and the report says so (arbiter/arbiter.py, run/measured.py)."""
+the margin, and the report says so (arbiter/plan/policy.py, arbiter/measure/)."""
 from __future__ import annotations
 
 import copy
@@ -13,8 +13,8 @@ from torch import nn
 import arbiter
 from arbiter.errors import ConfigError
 from arbiter.plan.partition import Plan
-from arbiter.plan.policy import ONLY, PRIORITY, Candidate
-from arbiter.run.measured import EAGER_MARGIN, MeasuredGraph
+from arbiter.measure.graph import MeasuredGraph
+from arbiter.plan.policy import EAGER_MARGIN, ONLY, PRIORITY, Candidate
 
 OPS = ["aten.addmm.default", "aten.mm.default", "aten.t.default", "aten.relu.default",
        "aten.threshold_backward.default", "aten.sum.dim_IntList", "aten.view.default",

@@ -63,7 +63,7 @@ def test_measuring_an_only_eager_candidate_is_not_called_compiling(caplog, fresh
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     be = arbiter.Arbiter({"backends": ["onnxruntime"], "min_block_size": 1,
                           "against_eager": "all"})
-    with caplog.at_level(logging.INFO, logger="arbiter.run.measured"), torch.no_grad():
+    with caplog.at_level(logging.INFO, logger="arbiter.measure"), torch.no_grad():
         torch.compile(m, backend=be)(torch.randn(4, 8))
     lines = [r.getMessage() for r in caplog.records if "candidate" in r.getMessage()]
     assert any("warming up candidate 2 of 2 (only eager;" in x for x in lines), lines

@@ -3,7 +3,7 @@
 * DDP: `torch.compile(DDP(model), backend=arbiter)`: Dynamo's DDPOptimizer splits the graph
   at bucket boundaries and calls arbiter per bucket; the gradients equal eager DDP's; under
   policy `measure` rank 0 decides and broadcasts, the other rank installs rank 0's decision
-  without timing anything (arbiter/run/measured.py).
+  without timing anything (arbiter/measure/).
 * A rank whose backend fails to compile a partition falls back locally (the piece moves
   down its chain on that rank alone); the collectives stay outside the partitions, so no
   rank is left waiting; the measure broadcasts still pair up.
@@ -110,18 +110,18 @@ def _ddp_rank(rank: int, store: str, out_dir: str, policy: str, fail_rank: int) 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from arbiter.run import measured
+    from arbiter.measure.graph import MeasuredGraph
 
     _init(rank, store)
     try:
         if rank != 0:  # this rank must take rank 0's decisions, never time its own
             def refuse(self, args):
                 raise AssertionError("rank 1 measured")
-            measured.MeasuredGraph._measure = refuse
+            MeasuredGraph._measure = refuse
         if fail_rank >= 0:
             # rank 0 measures, then picks `priority` (ONNX Runtime first): the decision
             # names the failing backend whatever the timings say
-            measured.MeasuredGraph._pick = lambda self, lowered=True: next(
+            MeasuredGraph._pick = lambda self, lowered=True: next(
                 c for c in self.candidates if c.label == "priority")
         if rank == fail_rank:  # rank 0 measures: one backend left to choose from
             _fail_tanh_compiles(also_inductor=rank != 0)

@@ -28,6 +28,7 @@ LAYERS = [
     ("arbiter.config",),
     ("arbiter.backends",),
     ("arbiter.run",),
+    ("arbiter.measure",),
     ("arbiter.report",),
     ("arbiter.arbiter", "arbiter.dynamo", "arbiter.dryrun"),
     ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),

@@ -1,4 +1,4 @@
-"""Policies `measure` and `cost` (arbiter/plan/policy.py, arbiter/run/measured.py, arbiter/plan/cost.py).
+"""Policies `measure` and `cost` (arbiter/plan/policy.py, arbiter/measure/, arbiter/plan/cost.py).
 
 The backends here are test backends whose speed is set by the test (one sleeps in every
 call), so the assertions are about behaviour: which candidates exist, which were timed,
@@ -209,18 +209,18 @@ def _cost(cand) -> float:
 
 
 def _synthetic_time(cand, fn, inner, args):
-    """MeasuredGraph._sample with synthetic costs (the graph still runs)."""
+    """Timing.sample with synthetic costs (the graph still runs)."""
     fn(*args)
     return _cost(cand)
 
 
 def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
         slow_fast, tmp_path, monkeypatch, fresh_dynamo):
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
     x = torch.randn(4, 8)
     with monkeypatch.context() as m:
-        m.setattr(MeasuredGraph, "_sample", staticmethod(_synthetic_time))
+        m.setattr(Timing, "sample", staticmethod(_synthetic_time))
         be = arbiter.Arbiter(_config(tmp_path))
         torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
     g = _graph(be)
@@ -243,9 +243,9 @@ def test_refinement_finds_a_mixed_placement_and_the_cache_replays_it(
 
 def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkeypatch,
                                                      fresh_dynamo):
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(_synthetic_time))
+    monkeypatch.setattr(Timing, "sample", staticmethod(_synthetic_time))
     be = arbiter.Arbiter(_config(tmp_path, refine=False))
     torch.compile(f, backend=be)(torch.randn(4, 8))
     g = _graph(be)
@@ -256,8 +256,8 @@ def test_refinement_off_keeps_whole_graph_candidates(slow_fast, tmp_path, monkey
 
 def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fresh_dynamo):
     """A move whose first timing is lucky is timed again with the best so far, and kept
-    only if it wins again (measure.MeasuredGraph._beats)."""
-    from arbiter.run.measured import MeasuredGraph
+    only if it wins again (arbiter.measure.timing.Timing.beats)."""
+    from arbiter.measure.timing import Timing
 
     timed: list[str] = []
     repeats = 3  # _config's
@@ -269,7 +269,7 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
         timed.append(cand.label)
         return 0.5 if lucky else _synthetic_time(cand, fn, inner, args)
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(lucky_first_time))
+    monkeypatch.setattr(Timing, "sample", staticmethod(lucky_first_time))
     be = arbiter.Arbiter(_config(tmp_path))
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
@@ -293,7 +293,7 @@ def _constant(costs):
 
 def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, monkeypatch,
                                                           fresh_dynamo):
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
     order: list[str] = []
 
@@ -302,7 +302,7 @@ def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, m
         fn(*args)
         return {"only fast": 1.0}.get(cand.label, 1.2) + 0.01 * (len(order) % 3)
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
     be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=9))
     torch.compile(f, backend=be)(torch.randn(4, 8))
     out = _graph(be).outcome
@@ -323,9 +323,9 @@ def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, m
 
 def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, monkeypatch,
                                                          fresh_dynamo):
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", _constant({}))  # all equal: no winner apart
+    monkeypatch.setattr(Timing, "sample", _constant({}))  # all equal: no winner apart
     be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=7))
     torch.compile(f, backend=be)(torch.randn(4, 8))
     out = _graph(be).outcome
@@ -338,7 +338,7 @@ def test_rounds_time_only_the_undecided(slow_fast, tmp_path, monkeypatch, fresh_
     """A candidate far behind the fastest (1.5x its slowest sample) is not timed after
     the second round, one apart from it (quartiles) not after `repeats`, while the close
     ones go on (it would spend the budget and cannot change the ranking)."""
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
     order: list[str] = []
 
@@ -347,7 +347,7 @@ def test_rounds_time_only_the_undecided(slow_fast, tmp_path, monkeypatch, fresh_
         fn(*args)
         return {"only eager": eager_ms}.get(cand.label, 1.0)  # the compiled ones tie
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
     be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False, repeats=3, max_repeats=7))
     torch.compile(f, backend=be)(torch.randn(4, 8))
     out = _graph(be).outcome
@@ -363,14 +363,14 @@ def test_refinement_stops_after_patience_moves_that_did_not_win(slow_fast, tmp_p
                                                                 patience):
     """Each refinement move compiles; moves that never win used to take the whole budget
     (measure.refine_patience). 0: only the budget stops it (every move is tried)."""
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
     # whole-graph candidates cost 1; every refinement move is slower: none wins
     def sample(cand, fn, inner, args):
         fn(*args)
         return 2.0 if cand.label.startswith("refine:") else 1.0
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
     be = arbiter.Arbiter(_config(tmp_path, refine_patience=patience))
     x = torch.randn(4, 8)
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
@@ -442,9 +442,9 @@ def mixers(make_backend):
 def _slow_eager(monkeypatch):
     """Eager alone sleeps 100 ms a call while timed: on these tiny graphs it would beat any
     compiled placement (the comparison here is between the compiled ones)."""
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
-    real = MeasuredGraph._sample
+    real = Timing.sample
 
     def sample(cand, fn, inner, args):
         if "only eager" in cand.labels:
@@ -455,7 +455,7 @@ def _slow_eager(monkeypatch):
                 return run(*a)
         return real(cand, fn, inner, args)
 
-    monkeypatch.setattr(MeasuredGraph, "_sample", staticmethod(sample))
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
 
 
 def _mix_config(tmp_path, **measure):
@@ -471,7 +471,7 @@ def _placed(plan) -> dict:
 
 def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
         mixers, tmp_path, fresh_dynamo, monkeypatch):
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.graph import MeasuredGraph
 
     _slow_eager(monkeypatch)
     torch.manual_seed(0)
@@ -556,21 +556,87 @@ def test_a_candidate_that_fails_to_run_is_out_and_the_call_goes_on(slow_fast, tm
     """A placement whose run raises past its fallbacks (found on GPT-2 training: a
     refinement step's graph cut, whose eager fallback failed on a view) is dropped from
     the measurement with a warning; the model's call never fails because of it."""
-    from arbiter.run.measured import MeasuredGraph
+    from arbiter.measure.timing import Timing
 
-    real = MeasuredGraph._prepare
+    real = Timing.prepare
 
     def prepare(self, cand, args):
         if cand.label == "only fast" or cand.label.startswith("refine:"):
             raise RuntimeError("injected: view size is not compatible")
         return real(self, cand, args)
 
-    monkeypatch.setattr(MeasuredGraph, "_prepare", prepare)
+    monkeypatch.setattr(Timing, "prepare", prepare)
     be = arbiter.Arbiter(_config(tmp_path))
     x = torch.randn(4, 8)
-    with caplog.at_level("WARNING", logger="arbiter.run.measured"):
+    with caplog.at_level("WARNING", logger="arbiter.measure.timing"):
         torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
     out = _graph(be).outcome
     assert out.chosen != "only fast" and not out.chosen.startswith("refine")
     assert out.candidates_ms["only fast"] is None
     assert any("only fast failed to run" in r.getMessage() for r in caplog.records)
+
+
+def _registered(cls):
+    from arbiter.plan.policy import register_policy
+
+    return register_policy(cls)
+
+
+@pytest.mark.parametrize("margin,chosen", [(0.5, "only fast"), (0.9999, "priority")])
+def test_a_third_party_policy_says_what_the_first_call_times(slow_fast, tmp_path, fresh_dynamo,
+                                                             margin, chosen):
+    """A policy of a third party overrides ``Policy.timed`` (arbiter/plan/policy.py): its
+    own plan (only slow) timed against only fast on the first call, which replaces it only
+    when faster by more than the policy's margin; no search (mixing, refinement)."""
+    from arbiter.plan.policy import Choice, Policy, PolicyOutcome, TimedChoice
+
+    @_registered
+    class SlowUnlessBeaten(Policy):
+        name = "test_slow_unless_beaten"
+
+        def choose(self, planner, gm):
+            cands = candidates(planner, gm)
+            slow = next(c for c in cands if "only slow" in c.labels)
+            return Choice(slow.plan, PolicyOutcome(self.name, chosen=slow.label), cands)
+
+        def timed(self, planner, gm, choice, graph):
+            assert graph.kind == "inference" and not graph.symbolic
+            mine = [c for c in choice.candidates if "only slow" in c.labels]
+            return TimedChoice(mine + [c for c in choice.candidates
+                                       if "only fast" in c.labels], margin=margin)
+
+    be = arbiter.Arbiter(_config(tmp_path, policy=SlowUnlessBeaten.name))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert out.policy == SlowUnlessBeaten.name
+    # priority == only slow (config order): one candidate, two labels
+    assert set(out.candidates_ms) == {"priority", "only slow", "only fast"}
+    assert all(v is not None for v in out.candidates_ms.values()), out.candidates_ms
+    assert out.chosen == chosen
+    assert not any(k.startswith(("refine", "mix")) for k in out.candidates_ms)
+
+
+def test_a_third_party_policy_that_measures_has_its_candidates_timed(slow_fast, tmp_path,
+                                                                      fresh_dynamo):
+    """``measures = True`` (the default ``Policy.timed``): every candidate of the policy's
+    choice is timed on the first call and the fastest installed."""
+    from arbiter.plan.policy import Choice, Policy, PolicyOutcome
+
+    @_registered
+    class CompiledOnly(Policy):
+        name = "test_compiled_only"
+        measures = True
+
+        def choose(self, planner, gm):
+            cands = [c for c in candidates(planner, gm) if "only eager" not in c.labels]
+            return Choice(cands[0].plan, PolicyOutcome(self.name), cands)
+
+    be = arbiter.Arbiter(_config(tmp_path, policy=CompiledOnly.name, refine=False,
+                                 mix=False))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert set(out.candidates_ms) == {"priority", "only slow", "only fast"}
+    assert all(v is not None for v in out.candidates_ms.values()), out.candidates_ms
+    assert out.chosen == "only fast"

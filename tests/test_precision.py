@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 import arbiter
 from arbiter.errors import ConfigError
-from arbiter.run.measured import MeasuredGraph
+from arbiter.measure.graph import MeasuredGraph
 
 OPS = ["aten.t.default", "aten.addmm.default", "aten.relu.default", "aten.mm.default",
        "aten.add.Tensor", "aten.mul.Tensor"]

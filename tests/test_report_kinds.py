@@ -234,10 +234,10 @@ def _g(x):
 
 
 def _as_rank(rank: int, sent: list, monkeypatch) -> arbiter.Report:
-    from arbiter.run import measured
+    from arbiter.measure import decision
 
     torch._dynamo.reset()
-    monkeypatch.setattr(measured, "_distributed", lambda: FakeDist(rank, sent))
+    monkeypatch.setattr(decision, "process_group", lambda: FakeDist(rank, sent))
     be = arbiter.Arbiter(MEASURE)
     x = torch.randn(8, 8)
     torch.testing.assert_close(torch.compile(_g, backend=be)(x), _g(x))

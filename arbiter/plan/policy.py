@@ -2,9 +2,12 @@
 
 A policy gets a ``Planner`` and a graph and returns a ``Choice``: the plan to build, the
 candidate placements it considered, and its ``PolicyOutcome`` (kept on the graph's
-record, shown in the report). A policy with ``measures = True`` has its candidates timed
-on the graph's first real call (``arbiter.run.measured``), which then installs the
-fastest and completes the outcome.
+record, shown in the report), and ``timed``: what the graph's first real call times, as
+data (a ``TimedChoice``: candidates, the margin by which another must beat the policy's
+own plan, whether mixing and refinement follow). ``arbiter.measure`` times them on that
+call, installs the winner and completes the outcome. ``Policy.decide`` gives both;
+``Policy.timed`` says what is timed (every candidate when ``measures`` is set, else what
+the config asks: lower-precision variants, eager under ``against_eager``).
 
 Built in:
 
@@ -40,6 +43,8 @@ from .segments import SegmentTimes
 
 PRIORITY = "priority"
 ONLY = "only "
+#: Config `against_eager`: eager replaces a policy's plan only when faster by more than this.
+EAGER_MARGIN = 0.03
 
 
 @dataclass
@@ -48,9 +53,9 @@ class Candidate:
     plan: Plan
     estimate_ms: float
     measured_ms: Optional[float] = None  # median of an end-to-end timing, when measured
-    spread_ms: Optional[tuple[float, float]] = None  # its quartiles (run/measured.py)
+    spread_ms: Optional[tuple[float, float]] = None  # its quartiles (measure/timing.py)
     also: list[str] = field(default_factory=list)  # labels of candidates equal to this one
-    steer: Optional[dict] = None  # refined placements: node name -> backend (measured.py)
+    steer: Optional[dict] = None  # refined, mixed placements: node name -> backend
     eligible: bool = True  # False: a refinement step that did not beat its base enough
     # lower-precision variants (config `accuracy`, docs/precision.md): the variant
     # backends the plan uses; the max error of its outputs against float32 eager on the
@@ -97,11 +102,46 @@ class PolicyOutcome:
     mix: Optional[SegmentTimes] = None
 
 
+@dataclass(frozen=True)
+class TimedChoice:
+    """What a graph's first call times (``arbiter.measure``), as a policy asks for it."""
+
+    candidates: list[Candidate]  # the policy's own plan first
+    # the first candidate gives way only to one measured faster by more than this fraction
+    # (EAGER_MARGIN under `against_eager`: noise does not move a graph off its plan)
+    margin: float = 0.0
+    # the mixed candidate and refinement follow the candidates (config `measure.mix`,
+    # `measure.refine`)
+    search: bool = False
+
+
 @dataclass
 class Choice:
     plan: Plan
     outcome: PolicyOutcome
     candidates: list[Candidate] = field(default_factory=list)
+    timed: Optional[TimedChoice] = None  # None: nothing timed, the plan is built as is
+
+
+@dataclass(frozen=True)
+class GraphContext:
+    """What a policy's ``timed`` reads of the graph beyond its nodes, and of the config."""
+
+    kind: str = "inference"  # "inference", "forward" or "backward"
+    symbolic: bool = False  # some input sizes are symbolic
+    against_eager: str = "off"  # config `against_eager`: "off", "training" or "all"
+
+    @property
+    def lowered_ok(self) -> bool:
+        """Lower-precision candidates: inference graphs of static shapes only
+        (docs/precision.md)."""
+        return self.kind == "inference" and not self.symbolic
+
+    @property
+    def eager_checked(self) -> bool:
+        """Whether config `against_eager` times this graph against eager ATen."""
+        return self.against_eager == "all" or (self.against_eager == "training"
+                                               and self.kind != "inference")
 
 
 def candidates(planner: Planner, gm: torch.fx.GraphModule) -> list[Candidate]:
@@ -141,20 +181,26 @@ def variant_plans(planner: Planner, gm: torch.fx.GraphModule,
     return out
 
 
-def checked_candidates(planner: Planner, gm: torch.fx.GraphModule, plan: Plan,
-                       label: str = PRIORITY, variants: bool = False,
-                       eager: bool = False) -> list[Candidate]:
+def checked(planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
+            graph: GraphContext) -> Optional[TimedChoice]:
     """What a policy that does not measure has timed on the first call beside its own
-    ``plan`` (first): with ``variants`` (config `accuracy`), the priority plan with each
-    lower-precision variant in its backend's place, verified before it is timed
-    (docs/precision.md); with ``eager`` (config `against_eager`), the whole graph in
-    eager ATen (``fallback_plan``)."""
-    plans = [(label or PRIORITY, plan)]
+    plan (first), or None when nothing: with config `accuracy` (an inference graph of
+    static shapes), the priority plan with each lower-precision variant in its backend's
+    place, verified before it is timed (docs/precision.md); with ``against_eager`` for
+    this graph, the whole graph in eager ATen (``fallback_plan``), which replaces the plan
+    only past ``EAGER_MARGIN``. Sets ``choice.outcome.against_eager``."""
+    variants = bool(planner.variants) and graph.lowered_ok
+    eager = graph.eager_checked
+    if not (variants or eager):
+        return None
+    plans = [(choice.outcome.chosen or PRIORITY, choice.plan)]
     if variants:
         plans += variant_plans(planner, gm, False)
     if eager:
         plans.append(fallback_plan(planner, gm))
-    return _unique(planner, plans)
+    cands = _unique(planner, plans)
+    choice.outcome.against_eager = eager and len(cands) > 1
+    return TimedChoice(cands, EAGER_MARGIN if eager else 0.0, search=False)
 
 
 def _unique(planner: Planner, plans: list[tuple[str, Plan]]) -> list[Candidate]:
@@ -185,14 +231,35 @@ def choose_by_cost(cands: list[Candidate]) -> Candidate:
 
 # -- the registry -----------------------------------------------------------------------
 class Policy:
-    """Base class of every policy: a ``name`` and ``choose``; ``measures`` says whether
-    the candidates are timed on the first real call (``arbiter.run.measured``)."""
+    """Base class of every policy: a ``name``, ``choose`` (the plan, its candidates, the
+    outcome) and ``timed`` (what the first real call times, ``arbiter.measure``).
+    ``measures = True`` has the default ``timed`` time every candidate of the choice,
+    with mixing and refinement after them."""
 
     name: ClassVar[str] = ""
     measures: ClassVar[bool] = False
 
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
         raise NotImplementedError
+
+    def timed(self, planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
+              graph: GraphContext) -> Optional[TimedChoice]:
+        """What the graph's first call times (None: nothing; the plan is built as is).
+        Default: with ``measures``, every candidate of ``choice`` (lower-precision ones
+        only where ``graph.lowered_ok``), with search; else what the config asks beside
+        the policy's plan (``checked``)."""
+        if not self.measures:
+            return checked(planner, gm, choice, graph)
+        return TimedChoice([c for c in choice.candidates if graph.lowered_ok or not c.lowered],
+                           search=True)
+
+    def decide(self, planner: Planner, gm: torch.fx.GraphModule,
+               graph: GraphContext) -> Choice:
+        """``choose``, with ``Choice.timed`` from ``timed`` unless ``choose`` set it."""
+        choice = self.choose(planner, gm)
+        if choice.timed is None:
+            choice.timed = self.timed(planner, gm, choice, graph)
+        return choice
 
 
 _POLICIES: dict[str, type[Policy]] = {}
@@ -248,7 +315,7 @@ class Cost(Policy):
 
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
         # lower-precision variants are never chosen unmeasured: they are timed and
-        # verified beside this choice (precision_candidates, docs/precision.md)
+        # verified beside this choice (``checked``, docs/precision.md)
         cands = [c for c in candidates(planner, gm) if not c.lowered]
         picked = choose_by_cost(cands)
         outcome = _outcome(self.name, cands)

@@ -4,20 +4,34 @@ A rule names an op as written in the config: ``aten.x.overload`` or ``aten.x`` (
 overload). A rule may name an op that never reaches the partitioner: ``aten.softmax.int``
 is lowered to ``aten._softmax.default``, and an op in ``decompositions:`` is gone before
 partitioning. Such a rule does nothing; ``unmatched_message`` says so, naming the ops
-that do occur (closest first).
+that do occur (closest first), and ``RuleWatch`` warns about it while graphs compile.
 """
 from __future__ import annotations
 
 import difflib
+import logging
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Mapping
 
 import torch.fx
 
+from ..errors import warn_at_user_line
 from ..ops import is_getitem, op_name, packet_name
+
+log = logging.getLogger(__name__)
 
 #: ops listed in a message before "and N more"
 MAX_LISTED = 40
+
+#: A rule of the config: (``"pin"`` or ``"exclude"``, op, backend; "" for an exclude).
+Rule = tuple[str, str, str]
+
+
+def config_rules(pin: Mapping[str, str], exclude_ops: Iterable[str]) -> list[Rule]:
+    """The config's pins, then its excludes, as rules."""
+    return [("pin", op, b) for op, b in pin.items()] + \
+        [("exclude", op, "") for op in exclude_ops]
 
 
 def names(rule_op: str, op: str) -> bool:
@@ -68,3 +82,42 @@ def unmatched_message(kind: str, rule_op: str, backend: str, seen: Iterable[str]
         f" and {len(packets) - MAX_LISTED} more" if len(packets) > MAX_LISTED else "")
     hint = f"; did you mean {' or '.join(close)}?" if close else "."
     return f"{head}: no {rule_op} node after lowering{hint} Ops there: {listed or 'none'}"
+
+
+class RuleWatch:
+    """Warns (once per rule, at the user's line) about a rule that names no op of the
+    graphs compiled so far. A forward graph is judged with its backward, which may hold
+    the op: AOTAutograd made that graph already and compiles it at the first backward,
+    which may never come (a forward with gradients on and no backward)."""
+
+    def __init__(self, rules: list[Rule], decomposed: Iterable[str] = ()):
+        """``decomposed``: the ops the config's decompositions replace."""
+        self.rules = rules
+        self._decomposed = list(decomposed)
+        self._seen: set[str] = set()  # ops of every graph compiled
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def check(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
+        """``gm`` (graph ``label``, of ``kind``) was compiled: warn about the rules that
+        name no op of it nor of the graphs before it."""
+        if not self.rules:
+            return
+        with self._lock:
+            self._seen |= graph_ops(gm)
+            seen = set(self._seen)
+        if kind == "forward":
+            backward = pending_backward_ops()
+            if backward is None:  # not found: wait for the backward's own compile
+                return
+            seen |= backward
+            label += " and its backward"
+        for rule, op, backend in self.rules:
+            with self._lock:
+                if (rule, op) in self._warned or any(names(op, o) for o in seen):
+                    continue
+                self._warned.add((rule, op))
+            msg = unmatched_message(rule, op, backend, seen, self._decomposed,
+                                    where=f" in the graphs compiled so far (up to {label})")
+            log.debug("%s", msg)
+            warn_at_user_line(f"arbiter: {msg}")

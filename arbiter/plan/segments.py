@@ -4,7 +4,7 @@
 Pure: nodes come in as ``NodeInfo`` (a name, its module stack as (path, class) pairs from
 Dynamo's ``nn_module_stack``, a signature, its inputs' names), costs as numbers. Nothing
 here runs a tensor, so everything is unit-tested with made-up costs
-(tests/test_segments.py); arbiter/run/measured.py measures the costs and builds the plan.
+(tests/test_segments.py); arbiter/measure/mix.py measures the costs and builds the plan.
 
 * ``segment(nodes, depth)``: the graph order cut into maximal runs of nodes of the same
   module at ``depth`` of the module tree (a module with nothing below ``depth`` is one

@@ -393,7 +393,7 @@ def kind_reports(graphs: list[GraphReport], eager: Collection[str]) -> list[Kind
 
 def distributed_report(graphs: list[GraphReport]) -> Optional[DistributedReport]:
     """The graphs whose decision was broadcast under torch.distributed (policy measure,
-    arbiter/run/measured.py), or None when there is none."""
+    arbiter/measure/decision.py), or None when there is none."""
     sent = [g for g in graphs if g.measure_broadcast]
     if not sent:
         return None

@@ -24,6 +24,7 @@ import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..cache import served
+from ..config import VerifyOptions
 from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_random, output_values, tensors_in
@@ -264,12 +265,14 @@ class Piece:
     """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
-                 backends: Sequence[Backend], graph_label: str, verify: Any = None,
-                 compile_timeout_s: Optional[float] = None, lowered_verify: Any = None,
+                 backends: Sequence[Backend], graph_label: str,
+                 verify: Optional[VerifyOptions] = None,
+                 compile_timeout_s: Optional[float] = None,
+                 lowered_verify: Optional[VerifyOptions] = None,
                  first_use: Optional[FirstUse] = None):
-        """``verify``: the config's VerifyOptions; ``lowered_verify``: the same kind of
-        settings (mode, every_n, tolerances) for a backend of the chain that runs at a
-        lower precision (``Backend.precision``; config `accuracy`), used while it runs.
+        """``verify``: the config's VerifyOptions; ``lowered_verify``: those for a backend
+        of the chain that runs at a lower precision (``Backend.precision``; config
+        `accuracy`: ``AccuracyOptions.verify_options``), used while it runs.
         ``first_use``: with verify mode ``unverified``, what decides and localizes the
         first-use checks (run/first_use.py; a default one otherwise)."""
         self.record = record
@@ -296,7 +299,8 @@ class Piece:
         self._specs = output_specs(gm)
         self._verify_cfg = verify
         self._lowered_cfg = lowered_verify
-        self._first_use = first_use or FirstUse(getattr(verify, "tolerances", None))
+        self._first_use = first_use or FirstUse(verify.tolerances if verify is not None
+                                                          else None)
         # the check under way: (level, graph the backend got, its unverified pairs)
         self._checking: Optional[tuple[int, torch.fx.GraphModule, list]] = None
         self._draws_random = any(n.op == "call_function" and is_random(n)
@@ -454,7 +458,7 @@ class Piece:
         """Whether ``backend`` runs under verify mode ``unverified`` here."""
         lowered = bool(getattr(backend, "precision", "")) and self._lowered_cfg is not None
         cfg = self._lowered_cfg if lowered else self._verify_cfg
-        return not backend.inline_aten and getattr(cfg, "mode", "off") == "unverified"
+        return not backend.inline_aten and cfg is not None and cfg.mode == "unverified"
 
     def _plan_first_use(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
         """Verify mode ``unverified``: the next call is checked against eager when
@@ -496,16 +500,16 @@ class Piece:
             found = self._first_use.localize(self._backends[level], got, before, items, why)
         check.findings = [f.label() for f in found]
 
-    def _use_verify(self, verify: Any) -> None:
-        self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
+    def _use_verify(self, verify: Optional[VerifyOptions]) -> None:
+        self._verify_mode = verify.mode if verify is not None else "off"
         if self._verify_mode not in ("off", "unverified") and self._draws_random:
             # a partition drawing random numbers (config `random: backend`) cannot equal
             # eager's draw: nothing to compare
             log.info("%s partition %d draws random numbers: verify skips it", self._label,
                      self.record.partition_id)
             self._verify_mode = "off"
-        self._verify_every = int(getattr(verify, "every_n", 1) or 1)
-        self._tolerances = getattr(verify, "tolerances", None)
+        self._verify_every = verify.every_n if verify is not None else 1
+        self._tolerances = verify.tolerances if verify is not None else None
 
     def _due(self) -> bool:
         if self._verify_mode == "first":

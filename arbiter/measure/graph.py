@@ -1,0 +1,263 @@
+"""``MeasuredGraph``: the callable standing for one graph whose policy asked for timing on
+the first call (``Choice.timed``, a ``TimedChoice``), until that call decides.
+
+Why at the first call: ``_compile_graph`` sees FakeTensor metadata only. Random inputs
+drawn from it break integer inputs (token ids that index an embedding go out of range)
+and miss data-dependent paths; the first call has the real inputs, and the pieces
+compile lazily on it anyway. On that call it:
+
+1. asks the decision cache (``decision``); on a hit that candidate is built and nothing is
+   timed (a lower-precision one is accepted again first, ``precision``);
+2. else compiles, warms up and times the candidates (``timing``: priority first, then the
+   others by estimate, interleaved rounds within ``time_budget_s``), lower-precision ones
+   accepted first (``precision``); with the policy's search on, the mixed candidate
+   (``mix``) and refinement (``refine``);
+3. picks the winner (``winner``: the policy's margin holds its own plan against noise),
+   installs it, records the race on the graph's outcome and stores the decision.
+
+Under torch.distributed rank 0 decides and broadcasts; the other ranks install its
+decision untimed. The graph runs functionally during timing, but an inference graph may
+still write to an input (``copy_`` into a buffer): then timing runs on clones of the
+inputs. Torch's RNG state is restored afterwards (``torch.random.fork_rng``), so random
+ops draw what eager would have drawn.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..cache import Cache
+from ..ops import is_mutating
+from ..plan.partition import Plan
+from ..plan.planner import Planner
+from ..plan.policy import PRIORITY, Candidate, TimedChoice
+from ..run.piece import PieceRecord
+from ..run.record import GraphRecord
+from . import decision
+from .decision import Decision, DecisionCache
+from .mix import MIX, Mixer
+from .precision import Acceptance
+from .refine import Refiner, steered_plan
+from .timing import Build, Timing
+from .winner import held, pick, record_outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GraphToMeasure:
+    """One graph as the Arbiter hands it to the measuring wing."""
+
+    gm: torch.fx.GraphModule
+    constants: dict  # placeholder -> frozen weight (their bytes key the decision)
+    record: GraphRecord
+    label: str
+    build: Build  # candidate -> (stitched callable, records); pieces shared
+    install: Callable[[Plan, dict[int, PieceRecord]], None]  # the chosen plan, on the record
+
+
+class MeasuredGraph:
+    """Callable standing for one graph until its first call has chosen; see the module
+    docstring."""
+
+    def __init__(self, timed: TimedChoice, graph: GraphToMeasure, planner: Planner,
+                 options: Any, cache: Optional[Cache], accuracy: Any = None):
+        """``options``: the config's ``measure`` options (mixing and refinement only when
+        ``timed.search``); ``accuracy``: the config's tolerance (rtol, atol) for
+        lower-precision candidates (``Candidate.lowered``)."""
+        if not timed.search:
+            options = options.model_copy(update={"refine": False, "mix": False})
+        self._graph = graph
+        self._planner = planner
+        self._opts = options
+        self._cache = cache
+        self.candidates = list(timed.candidates)  # refined and mixed ones join these
+        self._margin = timed.margin  # the policy's own plan gives way only past this
+        self._label = graph.label
+        self._timing = Timing(options, graph.build, graph.label)
+        self._acceptance = Acceptance(graph.gm, accuracy, graph.build, graph.label)
+        self._lock = threading.Lock()
+        self._fn: Callable = self._first_call
+        self.chosen: Optional[Candidate] = None
+        self.from_cache = False
+        self.__name__ = f"measured_{graph.label}"
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def _first_call(self, *args: Any) -> Any:
+        with self._lock:
+            if self.chosen is None:
+                group = decision.process_group()
+                if group is None:
+                    self._choose(args)
+                else:
+                    self._choose_distributed(args, group)
+        return self._fn(*args)
+
+    # -- the decision ---------------------------------------------------------------
+    def _choose_distributed(self, args: Sequence[Any], group: Any) -> None:
+        """Rank 0 decides (cache or timing, as alone) and broadcasts its decision; the
+        other ranks install it untimed. A rank 0 whose candidates fail to compile still
+        broadcasts (measuring catches those failures); a process that dies leaves the
+        others in the broadcast until the process group's timeout."""
+        outcome = self._graph.record.outcome
+        outcome.rank, outcome.world_size = group.get_rank(), group.get_world_size()
+        if group.get_rank() == 0:
+            self._choose(args)
+            decision.send(group, Decision.of(self.chosen, self.candidates, self._graph.gm))
+            outcome.broadcast = "rank 0: broadcast"
+            return
+        raw = decision.receive(group)
+        if not self._apply(raw):
+            raise RuntimeError(f"{self._label}: rank 0's decision {raw!r} names no "
+                               "candidate of this rank's graph (the ranks' graphs differ)")
+        outcome.broadcast = "from rank 0"
+        log.info("%s: measured decision from rank 0: %s", self._label, self.chosen.label)
+
+    def _choose(self, args: Sequence[Any]) -> None:
+        entry = DecisionCache.for_graph(self._cache, self._planner, self._opts,
+                                        self._graph.gm, args, self._graph.constants)
+        if entry is not None:
+            hit = entry.get()
+            applied = self._apply(hit, args)
+            if applied:
+                self.from_cache = True
+                log.info("%s: measured decision from the cache: %s", self._label,
+                         self.chosen.label)
+                return
+            if hit is not None and applied is False:
+                log.warning("%s: cached decision %r names no candidate of this graph; "
+                            "measuring again", self._label,
+                            hit.get("label") if isinstance(hit, dict) else None)
+        self._measure(args)
+        chosen = self._held(self._pick())
+        self._install(chosen)
+        if entry is not None:
+            entry.put(Decision.of(chosen, self.candidates, self._graph.gm))
+
+    def _apply(self, raw: Any, args: Optional[Sequence[Any]] = None) -> Optional[bool]:
+        """Install a decision (the cache's, or rank 0's) when it names a candidate of
+        this graph (a refined or mixed one is rebuilt from its node -> backend map):
+        True. False when it names none; None when it names a lower-precision candidate
+        outside the accuracy tolerance on ``args`` (never taken on trust: this call's
+        inputs decide)."""
+        hit = Decision.from_json(raw)
+        chosen = None if hit is None else self._candidate(hit)
+        if chosen is None:
+            return False
+        if chosen.lowered and args is not None and not self._acceptance.accept(chosen, args):
+            log.warning("%s: decision %r is not within the accuracy tolerance on these "
+                        "inputs (%s); measuring again", self._label, hit.label,
+                        chosen.rejected)
+            return None
+        for c in self.candidates:
+            c.measured_ms = hit.measured_ms.get(c.label)
+        self._install(chosen)
+        return True
+
+    def _candidate(self, hit: Decision) -> Optional[Candidate]:
+        """The candidate ``hit`` names; a placement none of them is (refined, mixed) is
+        rebuilt from its node -> backend map and joins the candidates."""
+        for c in reversed(self.candidates):
+            if c.label == hit.label:
+                return c
+        if hit.steer is None:
+            return None
+        steer = hit.steer_by_name(self._graph.gm)
+        rebuilt = Candidate(hit.label, self._steered(steer), 0.0, steer=steer)
+        self.candidates.append(rebuilt)
+        return rebuilt
+
+    def _steered(self, prefer: dict[str, str]) -> Plan:
+        return steered_plan(self._planner, self._graph.gm, self.candidates[0].plan, prefer)
+
+    # -- measuring ------------------------------------------------------------------
+    def _measure(self, args: Sequence[Any]) -> None:
+        """Time candidates within the budget: the policy's, then (its search on) the
+        mixed one and refinement."""
+        opts = self._opts
+        args = list(args)
+        if any(is_mutating(n) for n in self._graph.gm.graph.nodes):
+            args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        self._timing.begin()
+        # Priority first (always measured: it is what the user gets without measuring),
+        # then the others by estimate, cheapest first, so the budget goes to the likeliest.
+        order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
+        with torch.random.fork_rng(devices=[]):
+            self._measure_candidates(order, args)
+            if getattr(opts, "mix", False):
+                self._mix(args)
+            if opts.refine:
+                Refiner(self._planner, self._graph.gm, self.candidates, self._timing,
+                        self._label).run(self._pick(lowered=False), args)
+        log.info("%s: measured %s", self._label, ", ".join(
+            f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
+            else f"{c.label} (refused: {c.rejected})" if c.rejected
+            else f"{c.label} (estimate {c.estimate_ms:.3f} ms)" for c in self.candidates))
+
+    def _measure_candidates(self, order: list[Candidate], args: list) -> None:
+        """Compile and warm up every candidate the budget allows (priority always), then
+        time them in interleaved rounds."""
+        timing = self._timing
+        ready = []
+        for k, cand in enumerate(order):
+            elapsed = timing.elapsed()
+            if cand.label != PRIORITY and elapsed > self._opts.time_budget_s:
+                log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
+                         "cost estimate", self._label, self._opts.time_budget_s,
+                         len(order) - k)
+                break
+            timing.progress(f"{self._label}: warming up candidate {k + 1} of {len(order)} "
+                            f"({cand.label}; a first call compiles what it has to), "
+                            f"{elapsed:.1f} s into measuring", elapsed)
+            if cand.lowered and not self._acceptance.accept(cand, args):
+                continue  # outside the tolerance: never timed, never chosen
+            if cand.label == PRIORITY:
+                timing.prepare(cand, args)  # what policy priority runs: its failure is real
+            elif not timing.tried(cand, lambda c=cand: timing.prepare(c, args)):
+                continue
+            ready.append(cand)
+        timing.rounds(ready, args, confident_stop=True)
+
+    def _mix(self, args: list) -> None:
+        """The mixed candidate; its failure leaves the whole-graph choice standing."""
+        mixer = Mixer(self._planner, self._graph.gm, self.candidates, self._timing,
+                      self._label)
+        try:
+            mixer.run(self._pick(lowered=False), args)
+        except Exception as exc:  # noqa: BLE001 - the whole-graph choice stands
+            log.warning("%s: mixing at module boundaries failed (%s: %s); choosing "
+                        "among the other candidates", self._label,
+                        type(exc).__name__, exc, exc_info=True)
+            for c in self.candidates:  # never chosen by its estimate alone
+                if c.label.startswith(MIX) and c.measured_ms is None:
+                    c.eligible = False
+        if mixer.times is not None:
+            self._graph.record.outcome.mix = mixer.times
+
+    # -- the winner -----------------------------------------------------------------
+    def _pick(self, lowered: bool = True) -> Optional[Candidate]:
+        return pick(self.candidates, lowered)
+
+    def _held(self, chosen: Candidate) -> Candidate:
+        return held(self.candidates, chosen, self._margin)
+
+    def _install(self, chosen: Candidate) -> None:
+        fn, records = self._graph.build(chosen)
+        outcome = self._graph.record.outcome
+        record_outcome(outcome, chosen, self.candidates, self._timing,
+                       self._acceptance.tolerance, fn)
+        self._timing.ready.clear()  # the others' pieces are freed with them (the installed's stay)
+        self._graph.install(chosen.plan, records)
+        self.chosen = chosen
+        self._fn = fn
+        log.info("%s: policy %s%s chose %s%s", self._label, outcome.policy,
+                 " (timed against eager)" if outcome.against_eager else "", chosen.label,
+                 f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
