@@ -31,7 +31,7 @@ import torch.fx
 from .decompose import NotDecomposable, for_names
 from .findings import findings
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
-                  random_depends_on_args, tensors_in)
+                  random_depends_on_args, tensors_in, value_dtypes)
 from .registry import Backend
 from .shapes import REASON as SHAPES_REASON
 
@@ -307,10 +307,10 @@ class CapabilityTable:
         if entry is None:
             return f"{name} is not in the {backend.name} manifest{declined}"
         if backend.narrow_dtypes and name not in backend.narrow_dtype_ops:
-            for d in descs:
-                why = backend.narrow_dtypes.get(d.dtype)
+            for dtype in value_dtypes(node):  # positions (indices) stay far below the range
+                why = backend.narrow_dtypes.get(dtype)
                 if why is not None:
-                    return f"dtype {str(d.dtype).removeprefix('torch.')}: {why}"
+                    return f"dtype {str(dtype).removeprefix('torch.')}: {why}"
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue

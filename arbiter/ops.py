@@ -187,3 +187,46 @@ def output_values(gm: torch.fx.GraphModule) -> Optional[list]:
     if out is None or not isinstance(out.args[0], (tuple, list)):
         return None
     return [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in out.args[0]]
+
+
+#: Argument and return names under which ATen schemas pass positions into another
+#: tensor (gather's ``index``, index_put's ``indices``, an embedding bag's ``offsets``,
+#: a loss's class ``target``, topk's and sort's returned ``indices``...): their values are
+#: bounded by the sizes of the tensors they index.
+INDEX_NAMES = frozenset({"index", "indices", "offsets", "offset2bag", "bag_size",
+                         "max_indices", "target", "targets", "input_lengths",
+                         "target_lengths"})
+#: Unnamed returns that are positions, by op (every overload).
+INDEX_RETURNS = {
+    "aten.max_pool2d_with_indices": (1,), "aten.max_pool3d_with_indices": (1,),
+    "aten.adaptive_max_pool2d": (1,), "aten.adaptive_max_pool3d": (1,),
+    "aten.argmax": (0,), "aten.argmin": (0,),
+    "aten._embedding_bag": (1, 2, 3), "aten._embedding_bag_forward_only": (1, 2, 3),
+}
+
+
+def value_dtypes(node: torch.fx.Node) -> set:
+    """The dtypes of the tensors ``node`` reads or writes as values, leaving out those
+    its op's schema names as positions (``INDEX_NAMES``): a backend that holds a dtype
+    narrower than its range computes values wrong past it, but positions into a tensor
+    stay far below any such range. A node without a schema: every tensor it touches."""
+    schema = getattr(node.target, "_schema", None)
+    out: set = set()
+    if schema is None:
+        for inp in node.all_input_nodes:
+            out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
+        return out | {t.dtype for t in tensors_in(node.meta.get("val"))}
+    for i, arg in enumerate(schema.arguments):
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        if arg.name in INDEX_NAMES:
+            continue
+        for inp in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(inp, torch.fx.Node):
+                out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) and len(schema.returns) > 1 else [val]
+    positions = INDEX_RETURNS.get(packet_name(op_name(node.target)), ())
+    for k, (ret, v) in enumerate(zip(schema.returns, vals)):
+        if ret.name not in INDEX_NAMES and k not in positions:
+            out |= {t.dtype for t in tensors_in(v)}
+    return out

@@ -90,8 +90,9 @@ class Backend:
     #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
     validators: ClassVar[dict[str, Validator]] = {}
     #: dtypes the backend computes in a narrower type whatever the op (OpenVINO's CPU
-    #: plugin holds int64 in 32 bits): {dtype: why}; a node reading or writing one is
-    #: refused, except the ops of ``narrow_dtype_ops`` (values that index a table)
+    #: plugin holds int64 in 32 bits): {dtype: why}; a node reading or writing one as a
+    #: value is refused (positions, as ``ops.value_dtypes`` tells them, are not values),
+    #: except the ops of ``narrow_dtype_ops``
     narrow_dtypes: ClassVar[dict[torch.dtype, str]] = {}
     narrow_dtype_ops: ClassVar[frozenset] = frozenset()
     #: True for a backend whose compiled code draws fresh random numbers on every call

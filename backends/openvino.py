@@ -187,9 +187,9 @@ class OpenVino(ExactNonfinite, Backend):
     nonfinite_checks = _NONFINITE_CHECKS
     # The CPU plugin holds every integer in 32 bits, inputs included: cat, where, add,
     # mul, sum, cumsum and comparisons of int64 values past +-2**31 come back wrong
-    # (arbiter probe openvino --edges). An embedding's indices index its table, which
-    # is far smaller; an embedding bag's int64 outputs (offset2bag, bag_size,
-    # max_indices) are positions and counts below its number of indices.
+    # (arbiter probe openvino --edges). Positions into a tensor (gather's index, topk's
+    # indices, a loss's class target: ``ops.value_dtypes``) are far smaller, as are an
+    # embedding's indices into its table.
     narrow_dtypes = {torch.int64: "openvino's CPU plugin computes int64 in 32 bits "
                                   "(wrong past +-2**31)"}
     narrow_dtype_ops = frozenset({"aten.embedding.default", "aten._embedding_bag.default",
