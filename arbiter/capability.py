@@ -361,7 +361,7 @@ def _used_or_whole(node: torch.fx.Node) -> Optional[set[int]]:
 def _refuse_decomposed(backend: Backend, decomps, node: torch.fx.Node,
                        name: str) -> Optional[str]:
     """Why ``backend`` refuses ``node``, an op its manifest wants decomposed
-    (arbiter/decompose.py): the decomposition cannot be traced, or one of its nodes is
+    (arbiter/decompose/): the decomposition cannot be traced, or one of its nodes is
     refused (checked as it is: not decomposed again). None: it takes the node."""
     try:
         sub = decomps.trace(node)

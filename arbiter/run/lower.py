@@ -4,7 +4,7 @@
 no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
 node, and calls our compiler once per graph. Decompositions are PyTorch's own table
 (``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
-backend's manifest list applies only to the nodes it takes: arbiter/decompose.py).
+backend's manifest list applies only to the nodes it takes: arbiter/decompose/).
 
 Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
 metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and

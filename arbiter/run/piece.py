@@ -101,7 +101,7 @@ class CompileTimeout(Exception):
 def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
              timeout: Optional[float]) -> tuple[Callable, torch.fx.GraphModule]:
     """``backend.compile(gm, args)``, the nodes its manifest wants decomposed decomposed
-    for it alone (arbiter/decompose.py: the next backends and eager get ``gm`` as it is),
+    for it alone (arbiter/decompose/: the next backends and eager get ``gm`` as it is),
     and the graph the backend got; with a ``timeout``, in a helper thread waited for at
     most that long (CompileTimeout after).
 
