@@ -21,7 +21,7 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes", "arbiter.yamlsrc",
      "arbiter.decompose"),
-    ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
     ("arbiter.registry",),
     ("arbiter.capability",),
     ("arbiter.plan",),
