@@ -30,7 +30,7 @@ import torch.fx
 
 from ._version import __version__
 from .cache import from_options as cache_from_options
-from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
+from .plan.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
 from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line

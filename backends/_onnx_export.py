@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from arbiter.capability import used_outputs
+from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, argument, empty_reduction
 from ._export import export_program, quiet

@@ -23,7 +23,7 @@ LAYERS = [
      "arbiter.decompose"),
     ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
     ("arbiter.registry",),
-    ("arbiter.capability",),
+    ("arbiter.plan.capability",),
     ("arbiter.plan",),
     ("arbiter.config",),
     ("arbiter.backends",),

@@ -4,7 +4,7 @@ A manifest's ``decompositions:`` lists ops the backend runs through PyTorch's ow
 decomposition (``torch._decomp``), e.g. ONNX Runtime's ``native_layer_norm_backward``,
 which its exporter has no translation for. Two backends' wishes never meet:
 
-* planning (``arbiter.capability``): a node of such an op is offered to that backend when
+* planning (``arbiter.plan.capability``): a node of such an op is offered to that backend when
   every node of its decomposition, traced on fake tensors of the node's own shapes
   (``trace``; no tensor is computed), is a node that backend can run. Other backends are
   asked about the node as it is;

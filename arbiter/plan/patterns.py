@@ -28,11 +28,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from ..capability import NodeSupport, value_descs
 from ..errors import ManifestError
 from ..manifest import DTYPES, PatternEntry
 from ..ops import is_getitem, op_name, packet_name
 from ..registry import Backend
+from .capability import CapabilityTable, NodeSupport, value_descs
 from . import pattern_library
 
 
@@ -243,7 +243,7 @@ class PatternTable:
     """A ``SupportTable`` (the capability table it wraps) that also answers
     ``pattern_groups``: the matches of the chain's patterns and who claims each."""
 
-    def __init__(self, table: Any):
+    def __init__(self, table: CapabilityTable):
         self._table = table
         self.fallback_name = table.fallback_name
         self.backends: list[Backend] = list(table.backends)
@@ -341,7 +341,7 @@ class PatternTable:
         return PatternGroup(m, NodeSupport(tuple(able), refusals), tuple(claimers))
 
 
-def with_patterns(table: Any) -> Any:
+def with_patterns(table: CapabilityTable) -> "CapabilityTable | PatternTable":
     """``table`` wrapped in a ``PatternTable`` when a backend of it that is available
     claims patterns; else ``table`` itself (no matching cost)."""
     unavailable = getattr(table, "unavailable", {})

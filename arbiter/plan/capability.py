@@ -28,12 +28,12 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .decompose import NotDecomposable, for_names
-from .findings import findings
-from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
+from ..decompose import NotDecomposable, for_names
+from ..findings import findings
+from ..ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
-from .registry import Backend
-from .shapes import REASON as SHAPES_REASON
+from ..registry import Backend
+from ..shapes import REASON as SHAPES_REASON
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
