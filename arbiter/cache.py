@@ -50,6 +50,7 @@ import torch
 import torch.fx
 
 from .cache_dir import entries, trusted_owner, untrusted
+from .yamlsrc import read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -299,14 +300,7 @@ def _read_entry(path: Path, limit: int):
                     "as code)")
         if st.st_size > limit:
             return f"larger than {limit:,} bytes ({st.st_size:,})"
-        chunks, left = [], st.st_size + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
+        return read_at_most(fd, st.st_size + 1, 1 << 24)
     finally:
         os.close(fd)
 

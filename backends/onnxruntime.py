@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from arbiter.cache import served
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
-from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.registry import Backend, register_backend, thread_option
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
@@ -60,10 +60,7 @@ class OrtOptions(BaseModel):
                                  "another is a config error); one missing from this build "
                                  "makes the backend unavailable")
 
-    @field_validator("intra_op_num_threads")
-    @classmethod
-    def _bounded(cls, v: Optional[int]) -> Optional[int]:
-        return v if v is None else bounded_threads(v, "onnxruntime intra_op_num_threads")
+    _bounded = thread_option("intra_op_num_threads", "onnxruntime intra_op_num_threads")
 
     @field_validator("providers")
     @classmethod

@@ -109,6 +109,18 @@ def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
     return out + d
 
 
+def dtype_device_refused(d: TensorDesc, entry: Any, whose: str) -> Optional[str]:
+    """Why ``entry`` (a manifest's or a pattern's, ``whose``) refuses a tensor of ``d``'s
+    dtype or device, or None."""
+    if d.dtype not in entry.dtypes:
+        allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
+        return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
+                f"({whose} allows {allowed})")
+    if d.device not in entry.devices:
+        return f"device {d.device} not supported ({whose} allows {', '.join(sorted(entry.devices))})"
+    return None
+
+
 @dataclass
 class NodeSupport:
     """The backends able to run a node, best first, and why each other one refused."""
@@ -314,12 +326,9 @@ class CapabilityTable:
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue
-            if d.dtype not in entry.dtypes:
-                allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
-                return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
-                        f"(manifest allows {allowed})")
-            if d.device not in entry.devices:
-                return f"device {d.device} not supported (manifest allows {', '.join(sorted(entry.devices))})"
+            why = dtype_device_refused(d, entry, "manifest")
+            if why is not None:
+                return why
             if entry.max_rank is not None and d.rank > entry.max_rank:
                 return f"rank {d.rank} tensor exceeds max_rank {entry.max_rank}"
         if entry.wrong_outputs:
