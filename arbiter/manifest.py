@@ -25,7 +25,7 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
       rms_norm: {dtypes: [float32, float16]}   # a pattern of arbiter/plan/pattern_library.py
       mine: {function: "my_pkg.patterns:fused", inputs: [[4, 8], [8]]}  # any Python function
     decompositions: []        # ops this backend runs decomposed (PyTorch's table): only
-                              # the nodes it takes are decomposed (arbiter/decompose.py)
+                              # the nodes it takes are decomposed (arbiter/decompose/)
 
 Lookup order for a node's op: the exact overload, then the op without overload, then
 ``"*"``. What data cannot say, a backend says in code with a validator (see
@@ -201,7 +201,7 @@ class Manifest(BaseModel):
     decompositions: list[str] = Field(
         default_factory=list, description="ops this backend runs through their "
         "decomposition (PyTorch's table, or arbiter's own where it has none: "
-        "arbiter/decompose.py): such a node is offered to this backend when it can run "
+        "arbiter/decompose/): such a node is offered to this backend when it can run "
         "every op of the node's decomposition, and is decomposed only in the partitions "
         "this backend compiles; other backends get the node as it is")
     probe: Optional[ProbeInfo] = Field(None, description="set by `arbiter probe --write`; "

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from .cache import fingerprint
 from .errors import ArbiterError, UnknownBackendError
@@ -327,6 +327,15 @@ def bounded_threads(requested: int, what: str) -> int:
                     "using %d", what, requested, limit, limit)
         return limit
     return requested
+
+
+def thread_option(field: str, what: str) -> Any:
+    """A backend's options validator (pydantic) for ``field``, a thread count or None (the
+    backend's own default): bounded by ``bounded_threads``, which names ``what``."""
+    def bounded(cls, v: Optional[int]) -> Optional[int]:
+        return v if v is None else bounded_threads(v, what)
+
+    return field_validator(field)(classmethod(bounded))
 
 
 _REGISTRY: dict[str, type[Backend]] = {}

@@ -170,6 +170,20 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
           stat.S_IFSOCK: "a socket"}
 
 
+def read_at_most(fd: int, most: int, chunk: int = 1 << 20) -> bytes:
+    """Up to ``most`` bytes of the open file ``fd``, read ``chunk`` at a time until its
+    end: a file that grows while it is read never makes the read unbounded (the persistent
+    cache reads its entries so too)."""
+    chunks, left = [], most
+    while left > 0:
+        got = os.read(fd, min(left, chunk))
+        if not got:
+            break
+        chunks.append(got)
+        left -= len(got)
+    return b"".join(chunks)
+
+
 def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
     """The bytes of the regular file at ``path`` (symlinks followed), at most ``limit``;
     ConfigError for anything else, without blocking on a FIFO or reading a device."""
@@ -189,14 +203,7 @@ def read_regular(path: str | Path, limit: int = MAX_BYTES) -> bytes:
         if st.st_size > limit:
             raise ConfigError(f"file is larger than {limit:,} bytes ({st.st_size:,})",
                               file=str(path))
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        data = read_at_most(fd, limit + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc}", file=str(path)) from None
     finally:

@@ -3,7 +3,8 @@
 A partition is translated by PyTorch's own exporter (``torch.onnx.export(...,
 dynamo=True)``, onnxscript's ATen library "torchlib"); ``export_onnx`` builds the
 exporter's registry once per process (``_registry_once``) and hands the exporter the
-translations below in place of torchlib's. What the export gets wrong and no
+translations below in place of torchlib's; ``declared_ops`` lists the ATen ops it
+translates. What the export gets wrong and no
 translation here fixes is refused by ``EXPORT_VALIDATORS`` (the ONNX Runtime and
 TensorRT backends apply them); docs/robustness.md lists both ("Edge values", issue 25).
 
@@ -31,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from arbiter.capability import used_outputs
+from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, argument, empty_reduction
 from ._export import export_program, quiet
@@ -145,6 +146,29 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
                                     verbose=False, report=False,
                                     custom_translation_table=translations())
     return program.model_proto
+
+
+def declared_ops() -> dict:
+    """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib): the ops ONNX
+    Runtime and TensorRT declare (``Backend.declared_ops``)."""
+    from torch.onnx._internal.exporter import _registration
+
+    with quiet():
+        registry = _registration.ONNXRegistry.from_torchlib()
+    out = {}
+    for key in registry.functions:
+        if not isinstance(key, str) or not key.startswith("aten::"):
+            continue
+        base, _, overload = key[len("aten::"):].partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        if packet is None:
+            continue
+        try:
+            op = getattr(packet, overload or "default")
+        except AttributeError:
+            continue
+        out[op] = {}
+    return out
 
 
 # -- what the export gets wrong: refused -------------------------------------------------

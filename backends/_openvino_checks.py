@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from arbiter.capability import used_outputs
+from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
     integer_pow

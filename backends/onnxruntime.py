@@ -11,7 +11,7 @@ Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
 results), and outputs are written by ONNX Runtime straight into tensors that torch
 allocated, which are then handed on as they are; the binding and the run go straight to
-ONNX Runtime's C++ objects (``OrtRunner``).
+ONNX Runtime's C++ objects (``OrtRunner``, backends/_ort_runner.py).
 
 A partition with symbolic shapes is exported once with symbolic ONNX dimensions
 (``backends/_export.py``): one session serves every size. Its output shapes are computed
@@ -20,10 +20,7 @@ Runtime and handed over as a tensor.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-from pathlib import Path
 from typing import Literal, Optional, Union
 
 import torch
@@ -32,25 +29,21 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from arbiter.cache import served
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
-from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.registry import Backend, register_backend, thread_option
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
-from ._export import Runner, check_inputs, outputs_of, quiet, range_key
+from ._export import check_inputs, outputs_of, range_key
 from ._nonfinite import ExactNonfinite
-from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, declared_ops, export_onnx
+from ._ort_precision import NO_CONSTANT_WEIGHTS, to_fp16, to_int8, variant_support
+from ._ort_runner import NP_NAMES, OrtRunner
 
 log = logging.getLogger(__name__)
 
 #: What configure_resources set for the whole process: "session_threads" (each session's
 #: pool), "env_arena" (sessions use the shared arena).
 _PROCESS: dict = {}
-
-_NP_NAMES = {
-    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8",
-    torch.uint8: "uint8", torch.bool: "bool",
-}
 
 
 class OrtOptions(BaseModel):
@@ -67,10 +60,7 @@ class OrtOptions(BaseModel):
                                  "another is a config error); one missing from this build "
                                  "makes the backend unavailable")
 
-    @field_validator("intra_op_num_threads")
-    @classmethod
-    def _bounded(cls, v: Optional[int]) -> Optional[int]:
-        return v if v is None else bounded_threads(v, "onnxruntime intra_op_num_threads")
+    _bounded = thread_option("intra_op_num_threads", "onnxruntime intra_op_num_threads")
 
     @field_validator("providers")
     @classmethod
@@ -167,14 +157,14 @@ class OnnxRuntime(ExactNonfinite, Backend):
     def precision_variants(self) -> dict:
         """``fp16`` and ``int8`` (option ``precision``) where this onnxruntime builds them
         and, unless the option ``variants`` lists them, where the providers compute them
-        natively (``_variant_support``); none when the config's precision is not fp32."""
+        natively (``_ort_precision.variant_support``); none when the config's precision is not fp32."""
         if self.options.precision != "fp32":
             return {}
         offered = {}
         for label in ("fp16", "int8"):
             if self.options.variants is not None and label not in self.options.variants:
                 continue
-            why = _variant_support(label, self.options.providers,
+            why = variant_support(label, self.options.providers,
                                    native=self.options.variants is None)
             if why:
                 if self.options.variants is not None:
@@ -203,7 +193,7 @@ class OnnxRuntime(ExactNonfinite, Backend):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
         dynamic = graph_is_symbolic(gm)
-        args = check_inputs(example_inputs, _NP_NAMES, ints=dynamic)
+        args = check_inputs(example_inputs, NP_NAMES, ints=dynamic)
         # The export is the slow step (seconds on a transformer): its ONNX bytes are what
         # the persistent cache keeps; session creation from bytes is cheap. A symbolic
         # artifact's key also holds the symbols' ranges.
@@ -216,7 +206,7 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
         precision = self.options.precision
         if precision == "int8" and not any(n.op == "get_attr" for n in gm.graph.nodes):
-            raise RuntimeError(_NO_CONSTANT_WEIGHTS.format(what="partition has no constants"))
+            raise RuntimeError(NO_CONSTANT_WEIGHTS.format(what="partition has no constants"))
         if precision == "fp32":
             model_bytes = self.cached_artifact(gm, key_inputs, export, kind=kind)
         else:
@@ -325,24 +315,7 @@ class OnnxRuntime(ExactNonfinite, Backend):
     @classmethod
     def declared_ops(cls):
         """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib)."""
-        from torch.onnx._internal.exporter import _registration
-
-        with quiet():
-            registry = _registration.ONNXRegistry.from_torchlib()
-        out = {}
-        for key in registry.functions:
-            if not isinstance(key, str) or not key.startswith("aten::"):
-                continue
-            base, _, overload = key[len("aten::"):].partition(".")
-            packet = getattr(torch.ops.aten, base, None)
-            if packet is None:
-                continue
-            try:
-                op = getattr(packet, overload or "default")
-            except AttributeError:
-                continue
-            out[op] = {}
-        return out
+        return declared_ops()
 
 
 #: ATen ops that export to a MatMul with a 1-D operand.
@@ -367,66 +340,7 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
     return ()
 
 
-# -- lower precision (docs/precision.md) ------------------------------------------------
-#: ONNX ops whose float16 kernels make a float16 model worth running (the heavy ones)
-_FP16_COMPUTE = ("MatMul", "Gemm")
-#: ONNX ops dynamic int8 quantization turns MatMul/Gemm into
-_INT8_OPS = ("MatMulInteger", "DynamicQuantizeMatMul")
-
-
-def _kernel_types(providers: list[str]) -> dict[str, set[str]]:
-    """{op type: tensor types} of the kernels the providers register (default ONNX and
-    com.microsoft domains), from onnxruntime's own kernel registry."""
-    from onnxruntime.capi import _pybind_state as C
-
-    out: dict[str, set[str]] = {}
-    for d in C.get_all_opkernel_def():
-        if d.provider in providers:
-            types = out.setdefault(d.op_name, set())
-            for allowed in d.type_constraints.values():
-                types.update(allowed)
-    return out
-
-
-def _fp16_converter():
-    """onnxruntime's float16 converter, else onnxconverter-common's; None without both."""
-    try:
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-        return convert_float_to_float16
-    except ImportError:
-        pass
-    try:
-        from onnxconverter_common.float16 import convert_float_to_float16
-        return convert_float_to_float16
-    except ImportError:
-        return None
-
-
-def _variant_support(label: str, providers: list[str], native: bool = True) -> str:
-    """Why variant ``label`` cannot be offered with these providers ("" when it can);
-    ``native``: also require the providers' kernels to compute it (see OrtOptions)."""
-    try:
-        kernels = _kernel_types(providers)
-    except Exception as exc:  # noqa: BLE001 - an onnxruntime without the registry
-        return f"onnxruntime's kernel registry is not readable ({type(exc).__name__})"
-    if label == "fp16":
-        if _fp16_converter() is None:
-            return ("no float16 converter (onnxruntime.transformers.float16 or "
-                    "onnxconverter-common)")
-        if native and not any("tensor(float16)" in kernels.get(op, ())
-                              for op in _FP16_COMPUTE):
-            return (f"providers {', '.join(providers)} have no float16 MatMul or Gemm "
-                    "kernel (float16 would run float32 kernels between casts: slower)")
-        return ""
-    try:
-        import onnxruntime.quantization  # noqa: F401
-    except ImportError as exc:
-        return f"onnxruntime.quantization is not importable ({exc})"
-    if not any(op in kernels for op in _INT8_OPS):
-        return f"providers {', '.join(providers)} have no MatMulInteger kernel"
-    return ""
-
-
+# -- lower precision (docs/precision.md; backends/_ort_precision.py) ---------------
 def lower_precision(model_bytes: bytes, options: OrtOptions) -> bytes:
     """A float32 ONNX model (bytes) at ``options.precision`` (fp16 or int8), inputs and
     outputs unchanged; RuntimeError when there is nothing to lower (int8 without constant
@@ -435,210 +349,7 @@ def lower_precision(model_bytes: bytes, options: OrtOptions) -> bytes:
 
     model = onnx.ModelProto.FromString(model_bytes)
     if options.precision == "fp16":
-        return _to_fp16(model, options.providers).SerializeToString()
+        return to_fp16(model, options.providers).SerializeToString()
     if options.precision == "int8":
-        return _to_int8(model, options.int8_per_channel).SerializeToString()
+        return to_int8(model, options.int8_per_channel).SerializeToString()
     raise ValueError(f"precision {options.precision!r}: nothing to lower")
-
-
-def _to_fp16(model, providers: list[str]):
-    """float16 for the ops the providers have a float16 kernel for; other ops, and the
-    converter's own block list, stay float32 between casts (the converter's)."""
-    convert = _fp16_converter()
-    if convert is None:
-        raise RuntimeError("precision fp16: " + _variant_support("fp16", providers, False))
-    kernels = _kernel_types(providers)
-    ops = {n.op_type for n in model.graph.node}
-    block = sorted(op for op in ops if "tensor(float16)" not in kernels.get(op, ()))
-    try:
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
-        block = sorted(set(block) | set(DEFAULT_OP_BLOCK_LIST))
-    except ImportError:
-        pass
-    log.debug("fp16: ops kept float32 (no float16 kernel): %s", ", ".join(block))
-    with quiet():
-        return convert(model, keep_io_types=True, op_block_list=block)
-
-
-_NO_CONSTANT_WEIGHTS = (
-    "precision int8: nothing to quantize ({what}): dynamic quantization quantizes "
-    "constant weights only, and this partition's weights are inputs. Weights are "
-    "constants in inference graphs with `freeze_weights: true` (the default)")
-
-
-def _to_int8(model, per_channel: bool):
-    """Dynamic quantization of the MatMul/Gemm nodes whose weights are constants."""
-    import os
-    import tempfile
-
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    inits = {i.name for i in model.graph.initializer}
-    inits |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
-    mms = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
-    if not any(len(n.input) > 1 and n.input[1] in inits for n in mms):
-        raise RuntimeError(_NO_CONSTANT_WEIGHTS.format(
-            what=f"none of its {len(mms)} MatMul/Gemm has an initializer as weights"))
-    with tempfile.TemporaryDirectory(prefix="arbiter-int8-") as tmp, quiet(), \
-            _no_root_warnings():
-        out = os.path.join(tmp, "int8.onnx")
-        # Without VNNI (AVX2 only) the u8 x s8 kernels add pairs of products in int16,
-        # which saturates: 7-bit weights avoid it (onnxruntime.quantization's
-        # reduce_range). Seen here on an AVX2-only AMD EPYC: error 0.21 against 0.03.
-        quantize_dynamic(model, out, op_types_to_quantize=["MatMul", "Gemm"],
-                         per_channel=per_channel, weight_type=QuantType.QInt8,
-                         reduce_range=not _has_vnni())
-        quantized = onnx.load(out)
-    if not any(n.op_type in _INT8_OPS for n in quantized.graph.node):
-        raise RuntimeError("precision int8: quantize_dynamic quantized no MatMul/Gemm")
-    return quantized
-
-
-@functools.lru_cache(maxsize=None)
-def _has_vnni() -> bool:
-    """Whether this x86 CPU has VNNI (int8 dot products without int16 saturation);
-    True elsewhere (ARM's int8 dot products do not saturate either)."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
-    except OSError:
-        return False  # unknown: 7-bit weights are safe everywhere
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
-@contextlib.contextmanager
-def _no_root_warnings():
-    """onnxruntime.quantization logs its advice ("consider pre-processing") on the root
-    logger: kept out of the user's way while it runs."""
-    root = logging.getLogger()
-
-    def drop(record: logging.LogRecord) -> bool:
-        return "quantization" not in record.pathname
-
-    root.addFilter(drop)
-    try:
-        yield
-    finally:
-        root.removeFilter(drop)
-
-
-class OrtRunner(Runner):
-    """Runs one session with IOBinding: inputs by pointer, outputs into torch tensors.
-    Int inputs (a symbolic partition's sizes) are bound as int64 scalars.
-
-    Per call, the binding and the run go straight to ONNX Runtime's C++ objects
-    (``IOBinding._iobinding``, ``InferenceSession._sess``) with a CPU device made once:
-    the Python wrappers around them rebuild an ``OrtDevice`` per binding and check WebGPU
-    graph capture on every run, about 2 us each, more than the run of a small partition
-    (bench/README.md, ``per_call_floor.py``). Those wrappers add nothing else for a CPU
-    session; where the private objects are missing (another onnxruntime) or graph capture
-    is on, the public calls are used."""
-
-    def __init__(self, sess, in_names: list[str], out_names: list[str], example_args: tuple,
-                 out_vals: list, in_vals: Optional[list] = None):
-        import numpy as np
-
-        if len(in_names) != len(example_args):
-            raise RuntimeError(f"exported model has {len(in_names)} inputs, partition has "
-                               f"{len(example_args)}")
-        super().__init__(out_vals, _NP_NAMES, len(out_names), in_vals)
-        self.sess = sess
-        self.in_names = in_names
-        self.in_types = [np.dtype(_NP_NAMES[a.dtype]) if isinstance(a, torch.Tensor)
-                         else np.dtype("int64") for a in example_args]
-        self.out_names = out_names
-        self.out_np = [np.dtype(_NP_NAMES[dtype]) for _, dtype in self.out_specs]
-        self._c = _c_session(sess)  # (C++ session, CPU device) or None: public calls
-        # static outputs: (name, shape, dtype, numpy type, has elements), made once
-        self._static_outs = None if self.dynamic else [
-            (name, shape, dtype, np_type, all(s != 0 for s in shape))
-            for name, (shape, dtype), np_type in zip(out_names, self.out_specs, self.out_np)]
-
-    def new_handle(self):
-        return self.sess.io_binding()
-
-    def __call__(self, *args: torch.Tensor):
-        if self._c is not None and self._static_outs is not None:
-            return self._call_c(args)
-        b = self.handle()
-        keep = []  # contiguous copies and int scalars live until the run is done
-        for name, t, np_type in zip(self.in_names, args, self.in_types):
-            t = self.contiguous(t) if isinstance(t, torch.Tensor) \
-                else torch.tensor(t, dtype=torch.int64)
-            keep.append(t)
-            b.bind_input(name, "cpu", 0, np_type, t.shape, t.data_ptr())
-        outs = []
-        shapes = self.output_shapes(args)
-        for name, shape, (_, dtype), np_type in zip(self.out_names, shapes, self.out_specs,
-                                                    self.out_np):
-            if shape is None:  # a size that depends on data: ONNX Runtime allocates it
-                b.bind_output(name, "cpu")
-                outs.append(None)
-                continue
-            o = torch.empty(shape, dtype=dtype)
-            if o.numel():
-                b.bind_output(name, "cpu", 0, np_type, shape, o.data_ptr())
-            else:  # nothing to write, and IOBinding refuses a zero-size tensor's null pointer
-                b.bind_output(name, "cpu")
-            outs.append(o)
-        self.sess.run_with_iobinding(b)
-        if any(o is None for o in outs):
-            got = b.get_outputs()
-            outs = [torch.from_numpy(got[k].numpy()) if o is None else o
-                    for k, o in enumerate(outs)]
-        return outs
-
-    def _call_c(self, args) -> list:
-        """``__call__`` for static output shapes, on ONNX Runtime's C++ objects (see the
-        class): the same bindings, the same checks, fewer Python layers."""
-        b = self.handle()._iobinding
-        sess, device = self._c
-        keep = []  # contiguous copies and int scalars live until the run is done
-        for name, t, np_type in zip(self.in_names, args, self.in_types):
-            if isinstance(t, torch.Tensor):
-                if not t.is_contiguous():
-                    t = self.contiguous(t)
-            else:
-                t = torch.tensor(t, dtype=torch.int64)
-            keep.append(t)
-            b.bind_input(name, device, np_type, t.shape, t.data_ptr())
-        outs = []
-        for name, shape, dtype, np_type, filled in self._static_outs:
-            o = torch.empty(shape, dtype=dtype)
-            if filled:
-                b.bind_output(name, device, np_type, shape, o.data_ptr())
-            else:  # nothing to write, and IOBinding refuses a zero-size tensor's null pointer
-                b.bind_output(name, device)
-            outs.append(o)
-        sess.run_with_iobinding(b, None)
-        return outs
-
-
-def _c_session(sess) -> Optional[tuple]:
-    """(the C++ session, a CPU ``OrtDevice``) for ``OrtRunner``'s direct calls, or None
-    where this onnxruntime lacks them or the session captures graphs (WebGPU): the public
-    wrappers then do their own bookkeeping."""
-    try:
-        from onnxruntime.capi import onnxruntime_pybind11_state as C
-        from onnxruntime.capi.onnxruntime_inference_collection import IOBinding, OrtDevice
-
-        c_sess = sess._sess
-        capture = getattr(c_sess, "is_webgpu_graph_capture_enabled", None)
-        if capture is not None and capture():
-            return None
-        if not hasattr(IOBinding(sess), "_iobinding") or \
-                any(p != "CPUExecutionProvider" for p in sess.get_providers()):
-            return None
-        device = OrtDevice.make("cpu", 0)._get_c_device()
-        if not isinstance(device, C.OrtDevice) or \
-                not callable(getattr(c_sess, "run_with_iobinding", None)):
-            return None
-        return c_sess, device
-    except Exception:  # noqa: BLE001 - any doubt: the public calls
-        log.debug("ONNX Runtime's C++ objects are not reachable; public IOBinding calls",
-                  exc_info=True)
-        return None

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, reads_floating
-from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.registry import Backend, register_backend, thread_option
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
@@ -75,10 +75,7 @@ class OvOptions(BaseModel):
                         "this machine lacks (`openvino.Core().available_devices`) makes the "
                         "backend unavailable")
 
-    @field_validator("num_threads")
-    @classmethod
-    def _bounded(cls, v: Optional[int]) -> Optional[int]:
-        return v if v is None else bounded_threads(v, "openvino num_threads")
+    _bounded = thread_option("num_threads", "openvino num_threads")
 
     @field_validator("device")
     @classmethod

@@ -5,8 +5,9 @@ TensorRT for RTX (``import tensorrt_rtx``, ``pip install tensorrt-rtx-cu12``); o
 ``package`` picks one, ``auto`` takes ``tensorrt`` when both are installed; the report's
 version says which.
 
-* Conversion: the ONNX export of the ONNX Runtime backend (``onnxruntime.export_onnx``,
-  shared, not copied), then TensorRT's ``OnnxParser`` and ``build_serialized_network``.
+* Conversion: the ONNX export shared with the ONNX Runtime backend
+  (``_onnx_export.export_onnx``, not copied), then TensorRT's ``OnnxParser`` and
+  ``build_serialized_network``.
   Networks are strongly typed (TensorRT-RTX has no other kind): precision follows the
   graph's dtypes, and TF32 is off unless option ``tf32`` is set, so float32 stays close
   to eager. TensorRT converts float64 to float32 without a word: float64 is not in the
@@ -39,8 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from arbiter.registry import Backend, register_backend
 
 from ._export import Runner, check_inputs, outputs_of
-from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS
-from .onnxruntime import OnnxRuntime, export_onnx
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, declared_ops, export_onnx
 
 log = logging.getLogger(__name__)
 
@@ -309,9 +309,9 @@ class TensorRT(Backend):
 
     @classmethod
     def declared_ops(cls):
-        """What PyTorch's ONNX exporter translates (the ONNX Runtime backend's list); what
+        """What PyTorch's ONNX exporter translates (the ONNX Runtime backend's list too); what
         TensorRT's parser and builder accept of it is for `arbiter probe --build-only`."""
-        return OnnxRuntime.declared_ops()
+        return declared_ops()
 
     def configure_resources(self, budget) -> dict:
         if not budget.coordinate:

@@ -23,7 +23,7 @@ import torch.fx
 from arbiter.ops import is_getitem, op_name
 from arbiter.plan.pattern_library import PATTERNS
 from arbiter.plan.patterns import Match, compile_pattern, entry_refuses, find_matches
-from arbiter.capability import value_descs
+from arbiter.plan.capability import value_descs
 from arbiter.registry import Backend, register_backend
 
 from . import _triton_kernels as kernels

@@ -33,7 +33,7 @@ import arbiter  # noqa: E402
 from arbiter.plan.policy import PolicyOutcome  # noqa: E402
 from arbiter.report.build import graph_report  # noqa: E402
 from arbiter.run.record import GraphRecord  # noqa: E402
-from arbiter.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR  # noqa: E402
+from arbiter.plan.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR  # noqa: E402
 from arbiter.report import Report  # noqa: E402
 from arbiter.report.advice import advise  # noqa: E402
 from arbiter.report.html import render_html  # noqa: E402

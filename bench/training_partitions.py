@@ -3,7 +3,7 @@ backend, nodes left to eager, first-step time, and the gradients checked against
 
 Variants (`--variants`), under a config (default: the shipped `default`, ONNX Runtime
 then Inductor): `none`, ONNX Runtime's manifest without its `decompositions:` (what the
-backward graphs got before per-backend decompositions, arbiter/decompose.py); `whole`,
+backward graphs got before per-backend decompositions, arbiter/decompose/); `whole`,
 with them as on 2026-11-23 (each `native_dropout` whole, before
 `decompose.split_dropout` drew dropout masks apart from the data, and grouped/transposed
 `convolution_backward` whole); `split`, arbiter as shipped. Models: the demo's

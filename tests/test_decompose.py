@@ -1,4 +1,4 @@
-"""Per-backend decompositions (arbiter/decompose.py): a node is decomposed only for the
+"""Per-backend decompositions (arbiter/decompose/): a node is decomposed only for the
 backend that takes it, the others get it whole; backward graphs stay whole on ONNX
 Runtime; gradients equal eager's."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import yaml
 from torch import nn
 
 import arbiter
-from arbiter.decompose import _convolution_backward, for_names
+from arbiter.decompose import for_names
+from arbiter.decompose.own import _convolution_backward
 from arbiter.ops import op_name
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
@@ -234,7 +235,7 @@ def test_backward_graphs_stay_whole_and_match_eager(model, fresh_dynamo):
     ((6, 7), -1, None, False), ((6, 7), None, 2, True), ((2, 3, 4), [1], 1, False)])
 def test_var_mean_decomposition_equals_aten(shape, dim, correction, keepdim):
     """arbiter's var_mean (ATen reductions, no prims) against ATen's kernel."""
-    from arbiter.decompose import _var_mean
+    from arbiter.decompose.own import _var_mean
 
     torch.manual_seed(len(shape) + (correction or 0))
     x = torch.randn(*shape, dtype=torch.float64) * 3 + 1
@@ -245,7 +246,7 @@ def test_var_mean_decomposition_equals_aten(shape, dim, correction, keepdim):
 
 
 def test_squeeze_dims_decomposition_equals_aten():
-    from arbiter.decompose import _squeeze_dims
+    from arbiter.decompose.own import _squeeze_dims
 
     x = torch.randn(1, 3, 1, 4, 1)
     for dims in ([0], [0, 2], [-1, 1], [1]):  # [1]: size 3, kept
@@ -298,7 +299,7 @@ def _assert_flash_equals_the_kernel(q, k, v, causal, **kwargs):
     """arbiter's attention forward (output, logsumexp) and backward (from that logsumexp)
     against the CPU kernel's, with ``kwargs`` (scale, attn_mask); returns the kernel's
     logsumexp."""
-    from arbiter.decompose import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
+    from arbiter.decompose.own import _flash_attention_for_cpu, _flash_attention_for_cpu_backward
 
     out, lse = FLASH(q, k, v, 0.0, causal, **kwargs)[:2]
     got_out, got_lse = _flash_attention_for_cpu(q, k, v, 0.0, causal, **kwargs)

@@ -167,13 +167,13 @@ def test_openvino_guard_off_loses_the_nan(fresh_dynamo):
 
 
 def test_all_finite_check():
-    from arbiter.run.piece import _all_finite
+    from arbiter.run.call_checks import all_finite
 
     big = torch.full((8,), 3e38)  # finite, but its sum overflows: checked element-wise
-    assert _all_finite([big, torch.arange(3), (torch.ones(2),)])
-    assert not _all_finite([torch.ones(2), [torch.tensor([1.0, NAN])]])
-    assert not _all_finite([torch.tensor([-math.inf, 1.0]).half()])
-    assert _all_finite([torch.empty(0), 3.0, None])
+    assert all_finite([big, torch.arange(3), (torch.ones(2),)])
+    assert not all_finite([torch.ones(2), [torch.tensor([1.0, NAN])]])
+    assert not all_finite([torch.tensor([-math.inf, 1.0]).half()])
+    assert all_finite([torch.empty(0), 3.0, None])
 
 
 def test_openvino_exact_nonfinite_off_runs_them_there(fresh_dynamo):

@@ -1,11 +1,11 @@
 """The package's shape: layers by pipeline stage, no import loops, light ``import arbiter``.
 
-Every ``import`` of an ``arbiter`` module anywhere in a file (module level or inside a
-function; ``if TYPE_CHECKING:`` blocks excepted) is an edge of the import graph. The
-graph must have no cycle, and no module may import one of a higher layer. Plugin
-discovery by name (``importlib.import_module("arbiter.backends")`` in the registry, the
-entry-point groups) is how a lower layer loads what registers with it, and is not an
-import edge.
+Every ``import`` of an ``arbiter`` module anywhere in a file (module level, inside a
+function, or in an ``if TYPE_CHECKING:`` block: a type-only import ties the modules as
+much) is an edge of the import graph. The graph must have no cycle, and no module may
+import one of a higher layer. Plugin discovery by name
+(``importlib.import_module("arbiter.backends")`` in the registry, the entry-point groups)
+is how a lower layer loads what registers with it, and is not an import edge.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes", "arbiter.yamlsrc",
      "arbiter.decompose", "arbiter.decompose_fused"),
-    ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
     ("arbiter.registry",),
-    ("arbiter.capability",),
+    ("arbiter.plan.capability",),
     ("arbiter.plan",),
     ("arbiter.config",),
     ("arbiter.backends",),
@@ -58,15 +58,9 @@ def _is_package(path: Path) -> bool:
 
 def _imports(name: str, path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    skip: set[int] = set()
-    for node in ast.walk(tree):  # `if TYPE_CHECKING:` bodies are annotations only
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(n) for b in node.body for n in ast.walk(b)}
     here = name if _is_package(path) else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(tree):  # `if TYPE_CHECKING:` blocks included: a type is an edge
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):

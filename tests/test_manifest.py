@@ -8,7 +8,7 @@ import torch
 
 import arbiter
 from arbiter import ManifestError
-from arbiter.capability import CapabilityTable
+from arbiter.plan.capability import CapabilityTable
 from arbiter.manifest import load_manifest, parse_manifest
 
 from conftest import trace

@@ -15,7 +15,9 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip ins
 pytest.importorskip("onnxscript", reason="onnxscript is not installed")
 
 from arbiter.backends.onnxruntime import (  # noqa: E402
-    OnnxRuntime, OrtOptions, _kernel_types, _variant_support)
+    OnnxRuntime, OrtOptions)
+from arbiter.backends._ort_precision import (  # noqa: E402
+    kernel_types, variant_support)
 
 #: tolerances each variant meets on these models (measured: MLP fp16 4e-4, int8 7e-3;
 #: transformer block fp16 ~1e-3, int8 ~2e-2), with room for other inputs
@@ -57,7 +59,7 @@ MODELS = {"mlp": (_mlp, (16, 64)), "block": (_block, (2, 12, 64))}
 
 
 def _needs(label: str) -> None:
-    why = _variant_support(label, ["CPUExecutionProvider"], native=False)
+    why = variant_support(label, ["CPUExecutionProvider"], native=False)
     if why:
         pytest.skip(f"onnxruntime variant {label}: {why}")
 
@@ -96,14 +98,14 @@ def _run(be, model, shape, calls: int = 3, seed: int = 1) -> float:
 # -- what is offered -----------------------------------------------------------------------
 def test_variants_offered_follow_the_kernels_and_the_option():
     providers = ["CPUExecutionProvider"]
-    kernels = _kernel_types(providers)
+    kernels = kernel_types(providers)
     fp16_native = any("tensor(float16)" in kernels.get(op, ()) for op in ("MatMul", "Gemm"))
     offered = OnnxRuntime(OrtOptions()).precision_variants()
-    assert ("int8" in offered) == (not _variant_support("int8", providers))
+    assert ("int8" in offered) == (not variant_support("int8", providers))
     assert ("int8" in offered) == ("MatMulInteger" in kernels)
-    assert ("fp16" in offered) == (fp16_native and not _variant_support("fp16", providers))
+    assert ("fp16" in offered) == (fp16_native and not variant_support("fp16", providers))
     if not fp16_native:  # x86 CPU provider: float16 would run float32 kernels
-        assert "float16 MatMul or Gemm" in _variant_support("fp16", providers)
+        assert "float16 MatMul or Gemm" in variant_support("fp16", providers)
     assert OnnxRuntime(OrtOptions(variants=[])).precision_variants() == {}
     _needs("fp16")
     assert OnnxRuntime(OrtOptions(variants=["fp16"])).precision_variants() == \
@@ -222,7 +224,7 @@ def test_variant_on_a_transformer_block(fresh_dynamo, label):
 # -- the cache keeps the precisions apart ----------------------------------------------------
 def test_float32_after_fp16_gets_float32(fresh_dynamo, tmp_path):
     _needs("fp16")
-    from arbiter.cache import entries
+    from arbiter.cache_dir import entries
 
     model = _mlp(6)
     cache = {"dir": str(tmp_path)}
@@ -256,7 +258,7 @@ def test_refused_variant_keeps_the_float32_export_cached(fresh_dynamo, tmp_path,
     made from is bad: that cache entry stays (a piece evicts what its compile was served
     when its result fails to verify)."""
     _needs("int8")
-    from arbiter.cache import entries
+    from arbiter.cache_dir import entries
 
     be = arbiter.Arbiter(_ort({"min_block_size": 1, "cache": {"dir": str(tmp_path)},
                                "accuracy": {"atol": 1e-6}}, ["int8"]))

@@ -316,7 +316,7 @@ def test_probe_records_a_wrong_unreturned_output(make_backend, tmp_path):
 
 
 def test_wrong_output_refuses_only_nodes_that_use_it(make_backend):
-    from arbiter.capability import CapabilityTable
+    from arbiter.plan.capability import CapabilityTable
     from conftest import trace
 
     cls = make_backend("nll", NLL_OPS)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import arbiter
-from arbiter.capability import NO_RANDOM, RANDOM
+from arbiter.plan.capability import NO_RANDOM, RANDOM
 
 P = 0.3
 

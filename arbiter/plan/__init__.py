@@ -1,5 +1,7 @@
 """Planning: which backend runs which node. Nothing here runs a tensor.
 
+* ``capability``: what each backend can run, node by node, and why not
+  (``CapabilityTable``: manifests, validators, findings; ``NodeSupport``);
 * ``support``: the interface the partitioner reads (``SupportTable``) and a view of it
   with a preferred backend first (``Preferred``);
 * ``partition``: the linear partitioner (``partition_graph`` -> ``Plan``);

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..capability import tensor_descs
 from ..ops import is_getitem, op_name, produces_tensor
+from .capability import tensor_descs
 
 
 @dataclass(frozen=True)

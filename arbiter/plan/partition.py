@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 import torch.fx
 
-from ..capability import NodeSupport
 from ..ops import is_getitem, is_mutating, is_random, random_depends_on_args
+from .capability import NodeSupport
 from .patterns import pattern_groups
 from .support import SupportTable
 

@@ -28,11 +28,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
-from ..capability import NodeSupport, value_descs
 from ..errors import ManifestError
 from ..manifest import DTYPES, PatternEntry
 from ..ops import is_getitem, op_name, packet_name
 from ..registry import Backend
+from .capability import CapabilityTable, NodeSupport, dtype_device_refused, value_descs
 from . import pattern_library
 
 
@@ -225,13 +225,9 @@ def entry_refuses(entry, descs: Sequence) -> Optional[str]:
     for d in descs:
         if d is None:
             continue
-        if d.dtype not in entry.dtypes:
-            allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
-            return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
-                    f"(pattern allows {allowed})")
-        if d.device not in entry.devices:
-            return (f"device {d.device} not supported (pattern allows "
-                    f"{', '.join(sorted(entry.devices))})")
+        why = dtype_device_refused(d, entry, "pattern")
+        if why is not None:
+            return why
         if d.symbolic and not entry.dynamic:
             return "symbolic (dynamic) shapes not supported"
         if entry.max_rank is not None and d.rank > entry.max_rank:
@@ -243,7 +239,7 @@ class PatternTable:
     """A ``SupportTable`` (the capability table it wraps) that also answers
     ``pattern_groups``: the matches of the chain's patterns and who claims each."""
 
-    def __init__(self, table: Any):
+    def __init__(self, table: CapabilityTable):
         self._table = table
         self.fallback_name = table.fallback_name
         self.backends: list[Backend] = list(table.backends)
@@ -341,7 +337,7 @@ class PatternTable:
         return PatternGroup(m, NodeSupport(tuple(able), refusals), tuple(claimers))
 
 
-def with_patterns(table: Any) -> Any:
+def with_patterns(table: CapabilityTable) -> "CapabilityTable | PatternTable":
     """``table`` wrapped in a ``PatternTable`` when a backend of it that is available
     claims patterns; else ``table`` itself (no matching cost)."""
     unavailable = getattr(table, "unavailable", {})

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Optional, Union
 
 import torch.fx
 
-from ..capability import CapabilityTable
 from ..ops import is_getitem
 from ..registry import Backend
+from .capability import CapabilityTable
 from .partition import Partition, Plan, partition_graph
-from .patterns import with_patterns
+from .patterns import PatternTable, with_patterns
+from .support import SupportTable
 
 
 class Planner:
@@ -41,7 +42,8 @@ class Planner:
         self.fallback_name = self.table.fallback_name
 
     def table_for(self, backends: Sequence[Backend],
-                  pin: Optional[Mapping[str, str]] = None) -> Any:
+                  pin: Optional[Mapping[str, str]] = None
+                  ) -> Union[CapabilityTable, PatternTable]:
         """A capability table over ``backends`` (the last takes everything) with this
         config's excludes, pins and unavailable backends, and the patterns their
         manifests claim (``patterns.with_patterns``)."""
@@ -60,13 +62,13 @@ class Planner:
         """Backends whose partitions run in place (eager): no call, no boundary."""
         return {n for n, b in self.backends.items() if b.inline_aten}
 
-    def plan(self, gm: torch.fx.GraphModule, table: Any = None) -> Plan:
+    def plan(self, gm: torch.fx.GraphModule, table: Optional[SupportTable] = None) -> Plan:
         """The plan of ``gm`` (nodes need ``meta["val"]``) under ``table`` (default: the
         config's, in priority order)."""
         return partition_graph(gm, table if table is not None else self.table,
                                self.min_block_size)
 
-    def with_variant(self, variant: Backend) -> Any:
+    def with_variant(self, variant: Backend) -> Union[CapabilityTable, PatternTable]:
         """The config's table with ``variant`` in its base backend's place, and the pins
         to that backend pinned to it: the priority plan with that backend at the
         variant's lower precision."""

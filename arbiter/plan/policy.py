@@ -34,8 +34,8 @@ from typing import ClassVar, Optional
 
 import torch.fx
 
-from ..capability import CapabilityTable
 from ..errors import ArbiterError, unknown_name
+from .capability import CapabilityTable
 from .cost import plan_ms
 from .partition import Plan
 from .planner import Planner

@@ -16,7 +16,7 @@ from typing import Optional, Protocol
 
 import torch.fx
 
-from ..capability import NodeSupport
+from .capability import NodeSupport
 
 
 class SupportTable(Protocol):

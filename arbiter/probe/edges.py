@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..capability import CapabilityTable
+from ..plan.capability import CapabilityTable
 from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_getitem, op_name

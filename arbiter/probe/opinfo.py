@@ -78,7 +78,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from ..capability import tensor_descs
+from ..plan.capability import tensor_descs
 from ..errors import ArbiterError, describe
 from ..manifest import DTYPES
 from ..ops import is_getitem, is_mutating, is_random, op_name, packet_name, reads_floating

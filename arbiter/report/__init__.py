@@ -4,6 +4,7 @@ self-contained HTML page (``html``) and JSON with a published schema (``schema``
 from .model import (AdviceReport, BackendStatus, FallbackReport, GraphBreakReport, GraphReport,
                     NodeReport, OpReport, PartitionReport, RefusalReport, Report, RuleReport,
                     TensorReport, TimingReport, WeightEventReport)
+from . import text  # noqa: F401 - str(report) renders through it (model.use_text_rendering)
 
 __all__ = ["AdviceReport", "BackendStatus", "FallbackReport", "GraphBreakReport", "GraphReport",
            "NodeReport", "OpReport", "PartitionReport", "RefusalReport", "Report", "RuleReport",

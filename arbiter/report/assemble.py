@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from .._version import __version__
-from ..capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
+from ..plan.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from ..config import Config
 from ..plan.planner import Planner, safe_version
 from ..plan.rules import graph_ops, names, unmatched_message

@@ -1,6 +1,6 @@
 """The pieces both text and HTML reports are made of: lines and tables (``Line``,
 ``Table``: what ``text.items`` yields), the short forms of ops, byte counts and tensor
-lists, counted nouns (``plural``: "1 node", "2 nodes"), and the phrases for graph kinds
+lists, counted nouns (``plural``, from ``words``: "1 node", "2 nodes"), and the phrases for graph kinds
 and the distributed section. Imports the model only for type checking.
 """
 from __future__ import annotations
@@ -8,13 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
+from .words import plural
+
 if TYPE_CHECKING:
     from .model import DistributedReport, KindReport
-
-
-def plural(n: int, noun: str, nouns: Optional[str] = None) -> str:
-    """``1 node``, ``2 nodes``, ``0 nodes`` (``nouns``: an irregular plural)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
 
 
 class Line:

@@ -8,9 +8,22 @@ planned (both are kept: ``planned_backend`` and ``backend``).
 from __future__ import annotations
 
 import datetime
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, Field
+
+from .words import plural
+
+#: ``str(report)``'s rendering (``text.plain``), handed over by arbiter/report/text.py when
+#: it is imported (the package imports it): the renderings import the model, never the
+#: other way round.
+_TEXT: Optional[Callable[[Report], str]] = None
+
+
+def use_text_rendering(render: Callable[[Report], str]) -> None:
+    """Make ``render`` (``text.plain``) what ``str(report)`` returns."""
+    global _TEXT
+    _TEXT = render
 
 
 #: Bumped when a field is renamed or removed (adding fields keeps it); docs/report.md.
@@ -451,14 +464,10 @@ class Report(BaseModel):
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
-        from .cells import plural
-
         return (f"{plural(len(self.graphs), 'graph')}, {plural(len(parts), 'partition')}; "
                 f"{ran}: {share or '-'}; "
                 f"fallbacks: {falls}{shaped}{breaks}")
 
     def __str__(self) -> str:
         # The one text rendering (arbiter/report/text.py), plain: no rich, no wrapping.
-        from .text import plain
-
-        return plain(self)
+        return _TEXT(self) if _TEXT is not None else super().__str__()

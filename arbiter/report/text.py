@@ -4,8 +4,9 @@
 the ``Report`` model alone. ``render`` draws them with rich (terminal tables that fit a
 100-column terminal: long cells, op lists and refusal reasons, wrap onto more lines, never
 cut); ``plain`` writes them without rich and without wrapping (``str(report)``: greppable,
-one line per row). Neither imports rich at import time, and this module imports the model
-only for type checking, so ``model.Report.__str__`` can import it.
+one line per row). Neither imports rich at import time. The model does not import this
+module: importing it makes ``plain`` what ``str(report)`` returns
+(``model.use_text_rendering``; the package imports it).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Optional, Union
 from .cells import (Cell, Col, Item, Line, Table, distributed_entries,  # noqa: F401
                     distributed_summary, human_bytes as _bytes, kind_entries, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
+
+from .model import use_text_rendering
 
 if TYPE_CHECKING:
     from .model import GraphReport, PatternReport, Report
@@ -400,3 +403,6 @@ def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
             console.print(item)
     text = buf.getvalue()
     return text if color else "\n".join(x.rstrip() for x in text.split("\n"))
+
+
+use_text_rendering(plain)  # str(report)

@@ -318,9 +318,9 @@ class Specialized:
         if hit is None:
             from torch.utils._python_dispatch import _disable_current_modes
 
-            from .piece import _compile_lock
+            from .compiling import compile_lock
 
-            with _compile_lock(), self._lock:
+            with compile_lock(), self._lock:
                 hit = self._fns.get(key)
                 if hit is None:
                     with _disable_current_modes():

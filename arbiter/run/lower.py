@@ -4,7 +4,7 @@
 no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
 node, and calls our compiler once per graph. Decompositions are PyTorch's own table
 (``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
-backend's manifest list applies only to the nodes it takes: arbiter/decompose.py), and
+backend's manifest list applies only to the nodes it takes: arbiter/decompose/), and
 arbiter's own of PyTorch's fused inference kernels (``nn.TransformerEncoderLayer``'s fast
 path: arbiter/decompose_fused.py), which every graph gets.
 

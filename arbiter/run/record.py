@@ -1,6 +1,7 @@
-"""What happened to one compiled graph: its plan, its pieces' records, the policy's
-outcome, its frozen weights and their changes. Kept by the ``Arbiter``, updated by the
-runtime (``measured`` installs a choice, ``freeze`` re-freezes), read by the report."""
+"""What happened to one compiled graph: its plan, its pieces' records (``PieceRecord``:
+what ran, its fallbacks and checks), the policy's outcome, its frozen weights and their
+changes. Kept by the ``Arbiter``, updated by the runtime (``piece`` falls back,
+``measured`` installs a choice, ``freeze`` re-freezes), read by the report."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,9 +9,46 @@ from typing import Optional
 
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
+from .first_use import FirstUseCheck
 from .freeze import WeightEvent
 from .owner import UNKNOWN, Owner
-from .piece import PieceRecord
+
+
+@dataclass
+class Fallback:
+    """One step down a chain: from which backend to which, at which stage, and why."""
+
+    from_backend: str
+    to_backend: str
+    stage: str  # "compile", "run" (raised, or wrong output metadata) or "verify"
+    reason: str
+
+
+@dataclass
+class PieceRecord:
+    """What happened to one partition. Mutable: runtime fallbacks update it."""
+
+    partition_id: int
+    planned: str
+    chain: list[str]
+    backend: str = ""  # what runs now ("" until compiled)
+    precision: str = ""  # the running backend's lower precision ("bf16"); "": the graph's
+    compile_s: float = 0.0
+    restride_copies: int = 0
+    calls: int = 0  # counted only while timing is on (Piece.timed)
+    run_s: float = 0.0
+    copies: int = 0  # tensor copies made at this partition's boundary (inputs, outputs)
+    verify_checks: int = 0  # accuracy checks against eager ATen (config `verify`)
+    verify_max_error: Optional[float] = None
+    fallbacks: list[Fallback] = field(default_factory=list)
+    shapes: str = "static"  # or "symbolic" (one artifact), "per shape" (run.dynamic)
+    specializations: int = 0  # shapes compiled, when "per shape"
+    # exact_nonfinite: guard: the ops the running backend computes unlike eager on NaN or
+    # inf inputs, and the calls that therefore ran in eager (an input held NaN or inf)
+    nonfinite_ops: list[str] = field(default_factory=list)
+    nonfinite_calls: int = 0
+    # verify `unverified`: each backend's first-use check (run/first_use.py)
+    first_use: list[FirstUseCheck] = field(default_factory=list)
 
 
 @dataclass

@@ -28,12 +28,12 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .decompose import NotDecomposable, for_names
-from .findings import findings
-from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
+from ..decompose import NotDecomposable, for_names
+from ..findings import findings
+from ..ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in, value_dtypes)
-from .registry import Backend
-from .shapes import REASON as SHAPES_REASON
+from ..registry import Backend
+from ..shapes import REASON as SHAPES_REASON
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
@@ -107,6 +107,18 @@ def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
     if d is None:
         d = memo[node] = value_descs(node.meta.get("val"))
     return out + d
+
+
+def dtype_device_refused(d: TensorDesc, entry: Any, whose: str) -> Optional[str]:
+    """Why ``entry`` (a manifest's or a pattern's, ``whose``) refuses a tensor of ``d``'s
+    dtype or device, or None."""
+    if d.dtype not in entry.dtypes:
+        allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
+        return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
+                f"({whose} allows {allowed})")
+    if d.device not in entry.devices:
+        return f"device {d.device} not supported ({whose} allows {', '.join(sorted(entry.devices))})"
+    return None
 
 
 @dataclass
@@ -314,12 +326,9 @@ class CapabilityTable:
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue
-            if d.dtype not in entry.dtypes:
-                allowed = ", ".join(sorted(str(x).removeprefix("torch.") for x in entry.dtypes))
-                return (f"dtype {str(d.dtype).removeprefix('torch.')} not supported "
-                        f"(manifest allows {allowed})")
-            if d.device not in entry.devices:
-                return f"device {d.device} not supported (manifest allows {', '.join(sorted(entry.devices))})"
+            why = dtype_device_refused(d, entry, "manifest")
+            if why is not None:
+                return why
             if entry.max_rank is not None and d.rank > entry.max_rank:
                 return f"rank {d.rank} tensor exceeds max_rank {entry.max_rank}"
         if entry.wrong_outputs:
@@ -361,7 +370,7 @@ def _used_or_whole(node: torch.fx.Node) -> Optional[set[int]]:
 def _refuse_decomposed(backend: Backend, decomps, node: torch.fx.Node,
                        name: str) -> Optional[str]:
     """Why ``backend`` refuses ``node``, an op its manifest wants decomposed
-    (arbiter/decompose.py): the decomposition cannot be traced, or one of its nodes is
+    (arbiter/decompose/): the decomposition cannot be traced, or one of its nodes is
     refused (checked as it is: not decomposed again). None: it takes the node."""
     try:
         sub = decomps.trace(node)

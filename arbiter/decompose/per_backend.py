@@ -1,0 +1,138 @@
+"""One backend's ``decompositions:`` (``Decompositions``): which of a partition's nodes it
+wants decomposed, their traced decompositions (a bounded process-wide cache), and the
+partition as that backend gets it (``for_backend``)."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..ops import op_name, packet_name
+from .tables import table
+from .tracing import KEEPS_OP, SYMBOLIC_KEEPS, NotDecomposable, cache_key, inline, trace_node
+
+log = logging.getLogger(__name__)
+
+#: traced decompositions kept (per op, argument values and shapes)
+CACHE_SIZE = 4096
+
+
+def wants(names: Sequence[str], op: str) -> bool:
+    """Whether a manifest's ``decompositions`` list (``names``) names ``op``."""
+    return op in names or packet_name(op) in names
+
+
+class Decompositions:
+    """One backend's ``decompositions:``: which nodes it wants decomposed, and how."""
+
+    def __init__(self, names: Sequence[str], decompositions: Optional[dict] = None):
+        self.names = tuple(names)
+        if decompositions is not None:  # a table of its own ({OpOverload: function})
+            self.table = dict(decompositions)
+        else:
+            self.table = table(self.names) if self.names else {}
+
+    def __bool__(self) -> bool:
+        return bool(self.table)
+
+    def applies(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` is an op of the list with a decomposition in the table."""
+        return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+                and node.target in self.table and wants(self.names, op_name(node.target)))
+
+    def keeps(self, node: torch.fx.Node) -> bool:
+        """Whether the decomposition of ``node`` declines its arguments (``KEEPS_OP``), or
+        the node is symbolic (``SYMBOLIC_KEEPS``): the node is then handed over whole."""
+        return self.kept_because(node) is not None
+
+    def kept_because(self, node: torch.fx.Node) -> Optional[str]:
+        """Why ``node`` is handed over whole (``KEEPS_OP`` or ``SYMBOLIC_KEEPS``), or None."""
+        try:
+            self.trace(node)
+        except NotDecomposable as exc:
+            return str(exc) if str(exc) in (KEEPS_OP, SYMBOLIC_KEEPS) else None
+        return None
+
+    def trace(self, node: torch.fx.Node) -> torch.fx.GraphModule:
+        """The decomposition of ``node`` as an ATen graph: one placeholder per tensor
+        argument (in ``tracing.tensor_args`` order), its output(s) as the node returns them,
+        ``meta["val"]`` on every node. Raises ``NotDecomposable`` with the reason."""
+        key = cache_key(node)
+        try:
+            hash(key)
+        except TypeError:  # symbolic sizes (SymInt) are unhashable: not cached
+            hit = trace_node(node, self.table)
+            if isinstance(hit, str):
+                raise NotDecomposable(hit) from None
+            return hit
+        with _LOCK:
+            hit = _CACHE.get((id(self.table), key))
+            if hit is not None:
+                _CACHE.move_to_end((id(self.table), key))
+        if hit is None:
+            hit = trace_node(node, self.table)
+            with _LOCK:
+                _CACHE[(id(self.table), key)] = hit
+                while len(_CACHE) > CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+        if isinstance(hit, str):
+            raise NotDecomposable(hit)
+        return hit
+
+    def apply(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """``gm`` with every node this backend wants decomposed replaced by its traced
+        decomposition; ``gm`` itself when there is none (a copy otherwise: the caller's
+        graph is what eager and the other backends run)."""
+        if not self or not any(self.applies(n) and not self.keeps(n) for n in gm.graph.nodes):
+            return gm
+        import copy
+
+        new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+        for node in list(new.graph.nodes):
+            if self.applies(node) and not self.keeps(node):
+                inline(new.graph, node, self.trace(node))
+        new.graph.eliminate_dead_code()
+        new.graph.lint()
+        new.recompile()
+        return new
+
+
+_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
+_LOCK = threading.Lock()
+_BY_NAMES: dict[tuple, Decompositions] = {}
+
+
+def for_names(names: Sequence[str]) -> Decompositions:
+    """The (shared) ``Decompositions`` of one list of op names."""
+    key = tuple(names)
+    with _LOCK:
+        hit = _BY_NAMES.get(key)
+    if hit is None:
+        hit = Decompositions(key)
+        with _LOCK:
+            hit = _BY_NAMES.setdefault(key, hit)
+    return hit
+
+
+def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
+    """The partition ``gm`` as ``backend`` (a ``registry.Backend``) gets it: the nodes its
+    manifest's ``decompositions:`` names replaced by their decompositions. A view of a
+    backend without a manifest of its own (``run.dynamic.Symbolic``: decompositions are
+    traced for static shapes only) gets ``gm`` as it is; ``run.dynamic.PerShape``
+    decomposes each specialized (static) graph itself."""
+    manifest = getattr(backend, "manifest", None)
+    if manifest is None:
+        return gm
+    try:
+        names = manifest().decompositions
+    except Exception:  # noqa: BLE001 - no manifest (a probe's ad-hoc backend): none wanted
+        log.debug("%s: no manifest, nothing decomposed for it", getattr(backend, "name", backend),
+                  exc_info=True)
+        return gm
+    return for_names(names).apply(gm) if names else gm
+
