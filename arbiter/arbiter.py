@@ -144,7 +144,7 @@ class Arbiter:
         self._pieces: weakref.WeakSet[Piece] = weakref.WeakSet()
         self._timed = False
         # The config's decompositions apply to the whole graph, when it is lowered; a
-        # backend's (its manifest's) only to the nodes it takes (arbiter/decompose.py).
+        # backend's (its manifest's) only to the nodes it takes (arbiter/decompose/).
         self._decompositions = decomposition_table(self.config.decompositions)
         self._decomposed = sorted({op_name(k) for k in self._decompositions})
         # random: eager draws dropout masks apart from the data (decompose.split_dropout),

@@ -92,7 +92,7 @@ def _conditions(backend: Backend, op: str) -> str:
         return "manifest could not be read"
     decomposed = backend.manifest().decompositions
     if op in decomposed or op.rsplit(".", 1)[0] in decomposed:
-        return ("decomposed for it (arbiter/decompose.py): taken where it takes every op "
+        return ("decomposed for it (arbiter/decompose/): taken where it takes every op "
                 "of the decomposition")
     if entry is None:
         return "not in manifest"
