@@ -36,7 +36,7 @@ from corpus import CASES, Case, Outcome, case_by_id, train_step
 CONFIGS = ("default", "cpu_all")
 
 #: Cases run under each config without ``-m slow`` (the others are slow): the cases
-#: `default` gets wrong, and cheap ones spread over the op families.
+#: `default` got wrong (refused now), and cheap ones spread over the op families.
 FAST = {
     "default": (
         "embedding_bag_sum_padding", "embedding_bag_mean_padding", "embedding_bag_max",
@@ -53,14 +53,17 @@ FAST = {
 
 #: Shares of a config's cases whose key op's forward nodes must run on a backend other than
 #: eager, and on the config's first backend. Observed (2026-11-26; torch 2.13, onnxruntime
-#: 1.32, openvino 2026.4, shipped manifests, verify `unverified`): `default` 54 of the 77
-#: cases on a backend (0.70), 49 on ONNX Runtime (0.64: the embedding_bag and logcumsumexp
-#: partitions are demoted to Inductor at first use); its fast subset 21 of 27 (0.78), 17
-#: (0.63). `cpu_all` 51 of 77 (0.66), 31 on OpenVINO (0.40); its fast subset 4 of 4, 3
-#: (0.75). The bounds sit about 0.1 below the whole corpus's shares: a case or two moving
-#: either way passes; a backend lost (unavailable, its manifest emptied, its conversions
-#: failing) or a corpus whose key ops all fall to eager fails.
-MIN_ON_BACKENDS = {"default": 0.6, "cpu_all": 0.55}
+#: 1.32, openvino 2026.4, shipped manifests, verify `unverified`): `default` 48 of the 77
+#: cases on a backend (0.62), 47 on ONNX Runtime (0.61); its fast subset 16 of 27 (0.59).
+#: `cpu_all` 47 of 77 (0.61), 31 on OpenVINO (0.40); its fast subset 10 of 10. Before the
+#: ONNX export's refusals of embedding bags' read outputs, scatter_reduce's mean and
+#: logcumsumexp, `default` had 54 (those partitions ran on ONNX Runtime, were checked at
+#: first use, and demoted to Inductor whole); refused up front, each key op is a partition
+#: too small for Inductor (config `min_block_size`) and runs in eager, loudly. The bounds
+#: sit below the whole corpus's shares: a case or two moving either way passes; a backend
+#: lost (unavailable, its manifest emptied, its conversions failing) or a corpus whose key
+#: ops all fall to eager fails.
+MIN_ON_BACKENDS = {"default": 0.55, "cpu_all": 0.55}
 MIN_ON_FIRST = {"default": ("onnxruntime", 0.55), "cpu_all": ("openvino", 0.3)}
 
 
@@ -166,6 +169,8 @@ def _check_coverage(config_name: str, ids) -> None:
     first, share = MIN_ON_FIRST[config_name]
     on_first = [i for i, b in ran.items() if first in b]
     in_eager = sorted(set(ids) - set(on_backend))
+    print(f"COVERAGE {config_name}: {len(on_backend)} of {len(ids)} on a backend, "
+          f"{len(on_first)} on {first}; in eager: {in_eager}")
     assert len(on_backend) / len(ids) >= MIN_ON_BACKENDS[config_name], \
         f"{len(on_backend)} of {len(ids)} on a backend; in eager: {in_eager}"
     assert len(on_first) / len(ids) >= share, f"{len(on_first)} of {len(ids)} on {first}"
