@@ -11,18 +11,13 @@ import arbiter
 from arbiter.errors import ManifestError
 from arbiter.manifest import Manifest, load_manifest, parse_manifest
 from arbiter.probe import manifest_update, probe, write_manifest
+from conftest import off_where
 
 OPS = ["aten.add.Tensor", "aten.mul.Tensor", "aten.sin.default", "aten.cos.default"]
 
 
-def _sin_wrong(self, gm, example_inputs):
-    """A backend that computes every op right except sin (off by 0.1)."""
-    uses_sin = any(n.target is torch.ops.aten.sin.default for n in gm.graph.nodes)
-
-    def fn(*args):
-        out = list(gm(*args))
-        return [o + 0.1 for o in out] if uses_sin else out
-    return fn
+#: A backend that computes every op right except sin (off by 0.1).
+_sin_wrong = off_where(torch.ops.aten.sin.default)
 
 
 def test_probe_credits_passes_and_blames_single_op_failures(make_backend):
@@ -376,39 +371,3 @@ def test_passed_dtypes_must_be_allowed(key):
     with pytest.raises(ManifestError, match=rf"ops\['aten.add.Tensor'\].{key}: int64 passed"):
         parse_manifest(f"backend: x\nops:\n  aten.add.Tensor: {{dtypes: [float32], "
                        f"{key}: [int64]}}\n")
-
-
-def _tanh_backward_wrong(self, gm, example_inputs):
-    """A backend whose tanh_backward is off by 0.1 (its forward ops are right)."""
-    wrong = any(n.target is torch.ops.aten.tanh_backward.default for n in gm.graph.nodes)
-
-    def fn(*args):
-        out = list(gm(*args))
-        return [o + 0.1 for o in out] if wrong else out
-    return fn
-
-
-def test_grad_probe_runs_backward_graphs_and_catches_a_wrong_one(make_backend):
-    """--grad: the sample's backward graph (tanh_backward on the saved output), not its
-    forward, goes through the backend; a wrong backward is a failed sample."""
-    cls = make_backend("bwd", ["aten.tanh_backward.default", "aten.detach.default",
-                               "aten.tanh.default"], compile=_tanh_backward_wrong)
-    fwd = probe(cls(), ops=["tanh"], dtypes=["float32"])
-    assert fwd.counts()["passed"] == 1  # the forward holds no tanh_backward
-    result = probe(cls(), ops=["tanh"], dtypes=["float32"], grad=True)
-    assert result.grad and "(backward graphs)" in result.summary()
-    [sample] = [s for s in result.samples if s.status != "skipped"]
-    assert sample.status == "failed" and "aten.tanh_backward.default" in sample.ops
-    assert "aten.tanh_backward.default" not in result.passed
-
-
-def test_grad_probe_decomposes_for_the_backend(capsys):
-    """ONNX Runtime's manifest decomposes tanh_backward: the --grad probe runs the
-    decomposition through it and says so."""
-    from arbiter.cli import main
-
-    assert main(["probe", "onnxruntime", "--ops", "tanh", "--dtypes", "float32",
-                 "--grad"]) == 0
-    out = capsys.readouterr().out
-    assert "onnxruntime (backward graphs): 1/1 OpInfos" in out
-    assert "decomposed for it: 1 ops passed (aten.tanh_backward.default)" in out

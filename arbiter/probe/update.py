@@ -4,7 +4,9 @@ See ``arbiter.probe.opinfo`` for what a probe finds; here is what the manifest b
 an op keeps the dtypes it allowed before minus those tried and never passed, plus those
 that passed (``manifest_dtypes``); an op that passed becomes ``verified: probed`` with
 ``probed_dtypes``; an op whose samples alone failed in every dtype it allowed is removed;
-wrong unreturned outputs become ``wrong_outputs``; the ``probe:`` record adds up runs.
+outputs found wrong one by one (unreturned, or saved by a training forward) become
+``wrong_outputs``; ops a training graph passed (``--grad``) get ``training_dtypes``; the
+``probe:`` record adds up runs (a training probe's counts apart: ``training_*``).
 A build-only probe (``ProbeResult.mode == "build"``) writes ``verified: built`` and
 ``built_dtypes`` instead (an entry already ``probed`` stays so: running says more).
 """
@@ -15,7 +17,7 @@ from collections.abc import Iterable
 
 from ..manifest import DTYPES, Defaults, parse_manifest
 from ..ops import packet_name
-from .opinfo import ProbeResult
+from .result import ProbeResult
 
 
 def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
@@ -69,8 +71,7 @@ def dynamic_update(doc: dict, result: ProbeResult) -> dict:
                  **{op: why for op, why in result.dynamic_partial.items()
                     if op not in failed}}.items()))}
     if not same:  # the dtype record belongs to other versions: start it again
-        for k in ("dtypes_tried", "opinfos", "samples_passed", "samples_failed",
-                  "samples_skipped"):
+        for k in ("dtypes_tried", *COUNTS, *(f"training_{k}" for k in COUNTS)):
             probe.pop(k, None)
     out["probe"] = probe
     return out
@@ -117,6 +118,10 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             if not (built and entry.get("verified") == "probed"):
                 entry["verified"] = "built" if built else "probed"
             entry[passed_key] = probed
+        trained = manifest_dtypes((), result.trained.get(op, set())
+                                  | set(entry.get("training_dtypes") or ()), ())[1]
+        if trained:
+            entry["training_dtypes"] = trained
         # earlier findings stay unless this probe passed that output in that dtype
         passed_outputs = result.outputs_passed.get(op, set())
         wrong: dict = {}
@@ -136,7 +141,6 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             ops[op] = entry
     out = dict(doc)
     out["ops"] = dict(sorted(ops.items()))
-    c = result.counts()
     # A later probe of other OpInfos (--ops) on the same versions adds to the record.
     # The counts start again on other versions; why ops are missing or narrowed
     # (`failed`, `dtypes_dropped`) stays as long as they are.
@@ -146,7 +150,6 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             and prev.get("mode", "run") == result.mode)
     if not same:
         prev = {}
-    opinfos_run = f"{result.opinfos_done}/{result.opinfos_total}"
     out["probe"] = {
         "date": datetime.date.today().isoformat(),
         "torch": str(result.torch_version),
@@ -154,10 +157,9 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         **({"mode": "build"} if built else {}),
         "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
                                key=list(DTYPES).index),
-        "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,
-        "samples_passed": prev.get("samples_passed", 0) + c["passed"],
-        "samples_failed": prev.get("samples_failed", 0) + c["failed"],
-        "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
+        # the inference probe's counts, then the training probe's (--grad)
+        **_counts(prev, result, ""),
+        **_counts(prev, result, "training_"),
         "failed": {op: why for op, why in sorted({**kept.get("failed", {}), **removed}.items())
                    if op not in out["ops"]},  # one put back (by hand) and passed is not
         "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
@@ -166,6 +168,24 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     if same:  # a dynamic probe's record (dynamic_update) on the same versions stays
         out["probe"].update({k: v for k, v in prev.items() if k.startswith("dynamic_")})
     return out
+
+
+#: The counts of a probe's record, each kept apart for the inference probe (no prefix)
+#: and the training probe (``training_``).
+COUNTS = ("opinfos", "samples_passed", "samples_failed", "samples_skipped")
+
+
+def _counts(prev: dict, result: ProbeResult, prefix: str) -> dict:
+    """The record's counts of one kind of probe: this one's added to ``prev``'s when it is
+    that kind, ``prev``'s as they were otherwise (none when empty)."""
+    if prefix != ("training_" if result.grad else ""):
+        return {f"{prefix}{k}": prev[f"{prefix}{k}"] for k in COUNTS if f"{prefix}{k}" in prev}
+    c = result.counts()
+    run = f"{result.opinfos_done}/{result.opinfos_total}"
+    before = prev.get(f"{prefix}opinfos")
+    return {f"{prefix}opinfos": f"{before} + {run}" if before else run,
+            **{f"{prefix}samples_{s}": prev.get(f"{prefix}samples_{s}", 0) + c[s]
+               for s in ("passed", "failed", "skipped")}}
 
 
 def _merge_dropped(prev: dict, new: dict, ops: dict) -> dict:
