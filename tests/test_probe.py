@@ -371,3 +371,18 @@ def test_passed_dtypes_must_be_allowed(key):
     with pytest.raises(ManifestError, match=rf"ops\['aten.add.Tensor'\].{key}: int64 passed"):
         parse_manifest(f"backend: x\nops:\n  aten.add.Tensor: {{dtypes: [float32], "
                        f"{key}: [int64]}}\n")
+
+
+def test_a_dtype_neither_allowed_nor_tried_skips_the_sample(make_backend):
+    """embedding reads int64 indices: with the entry allowing float32 only, a float32
+    probe skips the sample (arbiter never hands such a node to the backend); trying int64
+    runs it, and the pass adds int64."""
+    cls = make_backend("emb", ["aten.embedding.default"])
+    m = cls.manifest()
+    m.ops["aten.embedding.default"].dtypes = ["float32"]
+    m._resolved.cache_clear()
+    [skipped] = probe(cls(), ops=["nn.functional.embedding"], dtypes=["float32"]).samples
+    assert (skipped.status, skipped.stage) == ("skipped", "dtype")
+    assert skipped.reason.startswith("aten.embedding.default in int64: neither allowed")
+    result = probe(cls(), ops=["nn.functional.embedding"], dtypes=["float32", "int64"])
+    assert result.passed["aten.embedding.default"] == {"float32", "int64"}

@@ -3,7 +3,8 @@
 ``probe_graph`` takes an ATen graph with its real inputs (an OpInfo sample's, or one of
 its training graphs), decides whether the backend would ever get it (every op in the
 manifest, none refused by a validator, none in-place or random; the nodes its manifest's
-``decompositions:`` names decomposed as in a partition), skips it when every (op, dtype)
+``decompositions:`` names decomposed as in a partition; no tensor of a dtype its entry
+does not allow, unless the probe tries that dtype), skips it when every (op, dtype)
 in it has passed already, runs it (arbiter/probe/judge.py) and records the outcome on
 the ``ProbeResult``: the (op, dtype) pairs of the tensors each node read and wrote,
 credited or blamed; each output of a tuple-returning op compared on its own, right or
@@ -19,6 +20,7 @@ import torch.fx
 from ..capability import tensor_descs
 from ..decompose import for_backend
 from ..errors import describe
+from ..manifest import DTYPES
 from ..ops import op_name
 from ..run.verify import dtype_name
 from .judge import probe_build, probe_unreturned, run_sample
@@ -32,6 +34,20 @@ def _pairs(nodes) -> set[tuple[str, str]]:
     memo: dict = {}
     return {(op_name(n.target), dtype_name(d.dtype)) for n in nodes
             for d in tensor_descs(n, memo)}
+
+
+def _untried(p: Probe, credit: set[tuple[str, str]]) -> list[str]:
+    """"op in dtype" for each (op, dtype) whose dtype the op's entry does not allow and
+    the probe does not try (complex64 in a float32 sample of ``view_as_real``): a graph
+    holding one says nothing of the backend; the dtypes tried are run even where not
+    allowed, since a pass adds them."""
+    out = []
+    for op, dt in sorted(credit):
+        entry = p.manifest.entry(op)
+        if entry is not None and dt not in p.result.dtypes \
+                and (dt not in DTYPES or DTYPES[dt] not in entry.dtypes):
+            out.append(f"{op} in {dt}")
+    return out
 
 
 def probe_graph(p: Probe, case: Case, gm: torch.fx.GraphModule, inputs: list,
@@ -63,6 +79,11 @@ def probe_graph(p: Probe, case: Case, gm: torch.fx.GraphModule, inputs: list,
     if refused:
         return case.skipped("validator", refused, names, graph)
     credit = _pairs(nodes) | (_pairs(dnodes) if dgm is not gm else set())
+    outside = _untried(p, credit)
+    if outside:
+        return case.skipped("dtype", f"{', '.join(outside[:3])}: neither allowed by the "
+                            "manifest nor tried (arbiter never hands such a node to it)",
+                            names, graph)
     if not force and all(dt in result.passed.get(op, ()) for op, dt in credit):
         return case.skipped("covered", "every (op, dtype) already passed", names, graph)
     if result.mode == "build":

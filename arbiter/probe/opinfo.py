@@ -28,8 +28,9 @@ Blame and credit, per ATen overload (arbiter/probe/credit.py):
   failed);
 * a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
   (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
-  in-place or random op, or a node a validator of the backend refuses (arbiter never
-  hands those to it), or when every (op, dtype) in it has already passed;
+  in-place or random op, a node a validator of the backend refuses, or a tensor of a
+  dtype its node's entry does not allow and the probe does not try (arbiter never hands
+  those to it), or when every (op, dtype) in it has already passed;
 * every output of a tuple-returning op is compared on its own: those a training forward
   saves for its backward, and, in a sample that passed, those the graph does not return
   (``expose_outputs``: what a backward graph reads, such as ``total_weight``). A wrong
