@@ -105,7 +105,8 @@ class OpEntry(BaseModel):
     wrong_outputs: Optional[dict[int, dict[str, str]]] = Field(
         None, description="output index -> {dtype: why}: outputs of a tuple-returning op "
         "that the backend computes wrongly in samples of that dtype while the others are "
-        "right (written by `arbiter probe`, which compares every output); a node of such a "
+        "right, or cannot return (a training forward that failed only with them returned; "
+        "written by `arbiter probe`, which compares every output); a node of such a "
         "dtype that uses one is refused")
     note: Optional[str] = Field(None, description="free text shown in reports")
 

@@ -93,7 +93,7 @@ def test_probe_cli_on_real_backend(tmp_path, capsys):
     assert doc["probe"]["backend_version"].startswith("onnxruntime")
     mul = load_manifest(out, backend="onnxruntime").ops["aten.mul.Tensor"]
     assert "float32" in mul.probed_dtypes  # with what the shipped manifest's probe passed
-    assert "float64" in mul.dtypes and "float64" not in mul.probed_dtypes  # declared: kept
+    assert "int32" in mul.dtypes and "int32" not in mul.probed_dtypes  # declared: kept
 
 
 @pytest.mark.slow

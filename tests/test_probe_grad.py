@@ -46,13 +46,14 @@ def test_training_forward_compares_saved_outputs(make_backend, tmp_path):
     result = probe(cls(), ops=["nn.functional.embedding_bag"], dtypes=["float32"], grad=True)
     forward = [s for s in result.samples if s.graph == "forward" and s.status != "skipped"]
     assert len(forward) > 3 and all(s.status == "passed" and s.ops[0] == EB for s in forward)
-    assert "saved output 1 of aten._embedding_bag.default wrong" not in forward[0].reason
-    assert any("saved output 3 of aten._embedding_bag.default wrong" in s.reason
+    assert "saved output 1 of aten._embedding_bag.default" not in forward[0].reason
+    assert any("saved output 3 of aten._embedding_bag.default differs from eager" in s.reason
                for s in forward)
     # the bags are right: the op is credited (with its indices' dtype); outputs 1-3 are not
     assert result.passed[EB] == result.trained[EB] == {"float32", "int64"}
     assert set(result.wrong_outputs(EB)) == {1, 2, 3}
-    assert "forward graph" in result.wrong_outputs(EB)[2]["float32"]
+    assert result.wrong_outputs(EB)[2]["float32"].startswith(
+        "nn.functional.embedding_bag, forward graph: differs from eager: max abs error")
     # the rest hold ops not in its manifest: _embedding_bag_backward, arange
     assert all(s.stage == "manifest" for s in result.samples if s not in forward)
     out = tmp_path / "m.yaml"
@@ -121,11 +122,63 @@ def test_saved_outputs_judged_one_by_one(make_backend):
     assert got.status == "passed" and not got.right
     [(node, k)] = got.wrong
     assert (node.target, k) == (torch.ops.aten.var_mean.correction, 1)
-    assert "max abs error 1" in got.wrong[(node, k)]
+    assert got.wrong[(node, k)].startswith("differs from eager: max abs error 1")
     assert run_sample(backend, gm, [x]).stage == "numbers"  # returned to the user: fails
     got = run_sample(backend, trace(sin, x), [x], saved_from=1)
     assert (got.status, got.stage) == ("failed", "numbers")
     assert got.reason.startswith("saved output 1 (sin):")
+
+
+LN = "aten.native_layer_norm.default"
+
+
+def _refuses_returned_statistics(self, gm, example_inputs):
+    """A backend that cannot return layer norm's mean and rstd (OpenVINO's conversion of
+    a returned tuple output failed so), and computes the rest right."""
+    if any(a.target is operator.getitem and a.args[1] > 0
+           and a.args[0].target is torch.ops.aten.native_layer_norm.default
+           for a in _returned(gm)):
+        raise RuntimeError("could not convert the partition: getitem")
+    return gm
+
+
+def _refuses_returned_detach(self, gm, example_inputs):
+    """A backend that cannot return a value with its detach (OpenVINO's conversion of
+    exp's training forward, which saves detach(exp), failed so)."""
+    if any(a.target is torch.ops.aten.detach.default for a in _returned(gm)):
+        raise RuntimeError("could not convert the partition: is_number(name)")
+    return gm
+
+
+def test_a_forward_failing_on_what_it_returns_for_the_backward(make_backend, monkeypatch):
+    """A training forward that fails only because of what it returns for its backward
+    runs again without it: the ops pass (an inference partition of them works), the saved
+    outputs of a tuple-returning op become `wrong_outputs` (refused where used: in
+    training), and the nodes computing only saved values are blamed."""
+    from arbiter.probe import training
+
+    monkeypatch.setattr(training, "TRAINING_RUNS", 1)
+    cls = make_backend("ln", [LN], compile=_refuses_returned_statistics)
+    result = probe(cls(), ops=["nn.functional.layer_norm"], dtypes=["float32"], grad=True)
+    [forward] = [s for s in result.samples if s.graph == "forward"]
+    assert forward.status == "passed" and "saved output 1 of " + LN in forward.reason
+    assert set(result.wrong_outputs(LN)) == {1, 2} and "float32" in result.passed[LN]
+    assert "fails when returned for the backward: compile: RuntimeError: could not " \
+        "convert the partition: getitem" in result.wrong_outputs(LN)[1]["float32"]
+    assert not result.failed_dtypes
+
+    ops = ["aten.exp.default", "aten.detach.default", "aten.mul.Tensor"]
+    cls = make_backend("exp", ops, compile=_refuses_returned_detach)
+    result = probe(cls(), ops=["exp"], dtypes=["float32"], grad=True)
+    forward, blamed, backward = result.samples
+    assert (forward.graph, forward.status, forward.ops) == ("forward", "passed",
+                                                            ["aten.exp.default"])
+    assert (blamed.graph, blamed.status, blamed.ops) == ("forward", "failed",
+                                                         ["aten.detach.default"])
+    assert blamed.reason.startswith("returning what the backward reads: RuntimeError")
+    assert result.passed["aten.exp.default"] == {"float32"}
+    assert "float32" in result.failed["aten.detach.default"]
+    assert backward.status == "passed"
 
 
 #: A backend whose tanh_backward is off by 0.1 (its forward ops are right).

@@ -12,6 +12,7 @@ wrong (``wrong_outputs``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -50,14 +51,20 @@ def _untried(p: Probe, credit: set[tuple[str, str]]) -> list[str]:
     return out
 
 
-def probe_graph(p: Probe, case: Case, gm: torch.fx.GraphModule, inputs: list,
-                graph: str = "", saved_from: Optional[int] = None,
-                force: bool = False) -> SampleResult:
-    """Probe one traced graph (see the module docstring). ``graph``: which training graph
-    it is ("forward", "backward"; "" for an inference sample); ``saved_from``: a training
-    forward's first output saved for its backward (arbiter/probe/judge.py); ``force``: run
-    it even when every (op, dtype) passed already (a sample chosen for its arguments)."""
-    result = p.result
+@dataclass
+class _Graph:
+    """A graph the backend would get: its nodes, their op names, the (op, dtype) pairs
+    to credit or blame, the ops decomposed for the backend."""
+
+    nodes: list
+    names: list[str]
+    credit: set
+    decomposed: list[str]
+
+
+def _check(p: Probe, case: Case, gm: torch.fx.GraphModule, graph: str,
+           force: bool) -> _Graph | SampleResult:
+    """The graph as the backend would get it, or the skipped sample saying why not."""
     nodes, why = graph_ops(gm)
     if why is not None:
         return case.skipped("trace", why, graph=graph)
@@ -84,29 +91,55 @@ def probe_graph(p: Probe, case: Case, gm: torch.fx.GraphModule, inputs: list,
         return case.skipped("dtype", f"{', '.join(outside[:3])}: neither allowed by the "
                             "manifest nor tried (arbiter never hands such a node to it)",
                             names, graph)
-    if not force and all(dt in result.passed.get(op, ()) for op, dt in credit):
+    if not force and all(dt in p.result.passed.get(op, ()) for op, dt in credit):
         return case.skipped("covered", "every (op, dtype) already passed", names, graph)
+    return _Graph(nodes, names, credit, decomposed)
+
+
+def probe_graph(p: Probe, case: Case, gm: torch.fx.GraphModule, inputs: list,
+                graph: str = "", saved_from: Optional[int] = None,
+                force: bool = False) -> list[SampleResult]:
+    """Probe one traced graph (see the module docstring): its sample, and a failed one
+    of the nodes that compute only what a training forward returns for its backward,
+    when returning it is what failed (``judge.run_sample``). ``graph``: which training
+    graph it is ("forward", "backward"; "" for an inference sample); ``saved_from``: a
+    training forward's first output saved for its backward; ``force``: run it even when
+    every (op, dtype) passed already (a sample chosen for its arguments)."""
+    result = p.result
+    g = _check(p, case, gm, graph, force)
+    if isinstance(g, SampleResult):
+        return [g]
+    names, credit = g.names, g.credit
     if result.mode == "build":
         outcome = None
         status, stage, reason, err = probe_build(p.backend, gm, inputs)
     else:
         outcome = run_sample(p.backend, gm, inputs, p.tolerances, saved_from)
         status, stage, reason, err = outcome.as_tuple()
+    out = []
+    if outcome is not None and outcome.saved_only:  # judged without them: see run_sample
+        only = set(outcome.saved_only)
+        out.append(case.sample(sorted({op_name(n.target) for n in only}), "failed",
+                               outcome.failure.stage, "returning what the backward reads: "
+                               + outcome.failure.reason, graph=graph))
+        result.record(out[-1], _pairs(only))
+        kept = [n for n in g.nodes if n not in only]
+        names, credit = sorted({op_name(n.target) for n in kept}), _pairs(kept)
     sample = case.sample(names, status, stage, reason, err, graph)
     result.record(sample, credit)
-    for op in decomposed:
+    for op in g.decomposed:
         if result.decomposed[op].get(case.dname) != "passed":
             result.decomposed[op][case.dname] = status
     if outcome is None or status != "passed":
-        return sample
+        return [sample, *out]
     checked, wrong = probe_unreturned(p.backend, gm, inputs, p.tolerances)
-    for out in outcome.right:
-        _output(p, case, sample, out, None, "")
-    for out, why in outcome.wrong.items():
-        _output(p, case, sample, out, why, "saved")
-    for out in checked:
-        _output(p, case, sample, out, wrong.get(out), "unreturned")
-    return sample
+    for found in outcome.right:
+        _output(p, case, sample, found, None, "")
+    for found, why in outcome.wrong.items():
+        _output(p, case, sample, found, why, "saved")
+    for found in checked:
+        _output(p, case, sample, found, wrong.get(found), "unreturned")
+    return [sample, *out]
 
 
 def _output(p: Probe, case: Case, sample: SampleResult, out, why: Optional[str],
@@ -118,5 +151,6 @@ def _output(p: Probe, case: Case, sample: SampleResult, out, why: Optional[str],
         p.result.record_output(op, k, case.dname, None)
         return
     where = f"{case.label}, {sample.graph} graph" if sample.graph else case.label
-    p.result.record_output(op, k, case.dname, f"differs from eager ({where}): {why}")
-    sample.reason += f"{'; ' if sample.reason else ''}{kind} output {k} of {op} wrong"
+    p.result.record_output(op, k, case.dname, f"{where}: {why}")
+    what = why.split(":")[0]
+    sample.reason += f"{'; ' if sample.reason else ''}{kind} output {k} of {op} {what}"

@@ -49,6 +49,10 @@ class Outcome:
     max_error: Optional[float] = None
     wrong: dict[Output, str] = field(default_factory=dict)
     right: list[Output] = field(default_factory=list)
+    # nodes computing only what the forward returns for its backward, when returning it
+    # made the graph fail (``failure``) and the graph without it passed (``run_sample``)
+    saved_only: list[torch.fx.Node] = field(default_factory=list)
+    failure: Optional["Outcome"] = None
 
     def as_tuple(self) -> tuple[str, str, str, Optional[float]]:
         return self.status, self.stage, self.reason, self.max_error
@@ -135,7 +139,49 @@ def run_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     module docstring). ``saved_from``: the graph is a training forward whose outputs
     from that position on are saved for its backward; each is compared on its own, and
     a wrong one fails the sample only when it is not an output of a tuple-returning op
-    (then it is ``Outcome.wrong``)."""
+    (then it is ``Outcome.wrong``). Such a graph that fails loudly (compile, run,
+    metadata) is run again returning only what the user sees (``_failing_saved``)."""
+    out = _run_sample(backend, gm, inputs, tolerances, saved_from)
+    if saved_from is None or out.status != "failed" or out.stage not in ("compile", "run",
+                                                                         "meta"):
+        return out
+    return _failing_saved(backend, gm, inputs, tolerances, saved_from, out) or out
+
+
+def _failing_saved(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                   tolerances: Optional[dict], saved_from: int,
+                   failed: Outcome) -> Optional[Outcome]:
+    """A training forward that failed loudly, again without the outputs saved for its
+    backward (what an inference partition of the same ops returns). When that passes,
+    the failure is what the forward returns: the saved outputs of its tuple-returning ops
+    are ``Outcome.wrong`` ("fails when returned": a node using one is refused, in
+    training), and the nodes that compute only saved values are ``Outcome.saved_only``
+    (blamed). None when it fails too, or when there is nothing to blame (a saved value
+    computed on the way to a returned one)."""
+    returned = returned_nodes(gm)
+    graph = torch.fx.Graph()
+    env: dict = {}
+    graph.graph_copy(gm.graph, env)
+    graph.output(tuple(env[n] for n in returned[:saved_from]))
+    graph.eliminate_dead_code()
+    user = torch.fx.GraphModule(gm, graph)
+    kept = {n.name for n in graph.nodes}
+    why = f"fails when returned for the backward: {failed.stage}: {failed.reason}"
+    wrong = {o: why for o in map(tuple_output, returned[saved_from:])
+             if o is not None and o[0].name in kept}
+    saved_only = [n for n in gm.graph.nodes if n.op == "call_function"
+                  and n.name not in kept and not is_getitem(n)]
+    if not wrong and not saved_only:
+        return None
+    out = _run_sample(backend, user, inputs, tolerances)
+    if out.status != "passed":
+        return None
+    out.wrong, out.saved_only, out.failure = wrong, saved_only, failed
+    return out
+
+
+def _run_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
+                tolerances: Optional[dict] = None, saved_from: Optional[int] = None) -> Outcome:
     from torch.utils._python_dispatch import _disable_current_modes
 
     specs = output_specs(gm)
@@ -164,7 +210,7 @@ def run_sample(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
             if owner is not None:
                 out.right.append(owner)
         else:
-            out.wrong[owner] = _alone(one)
+            out.wrong[owner] = f"differs from eager: {_alone(one)}"
     wrong_at = {i for i, n in enumerate(returned) if tuple_output(n) in out.wrong}
     found = probe_nonfinite(fn, gm, inputs, tolerances, ignore=wrong_at)
     if "nan" in found:  # a NaN that vanishes or appears: refused (docs/robustness.md)
@@ -224,5 +270,5 @@ def probe_unreturned(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
     for a, e, g in zip(added, expected, got):
         cmp = compare([e], [g], tolerances)
         if not cmp.ok:
-            wrong[a] = _alone(cmp)
+            wrong[a] = f"differs from eager: {_alone(cmp)}"
     return added, wrong

@@ -36,7 +36,9 @@ Blame and credit, per ATen overload (arbiter/probe/credit.py):
   (``expose_outputs``: what a backward graph reads, such as ``total_weight``). A wrong
   one becomes that op's ``wrong_outputs`` in the sample's dtype (nodes of that dtype
   reading it are refused) and does not fail the sample; a wrong saved value of any
-  other node fails it.
+  other node fails it. A training forward failing loudly only with its saved outputs
+  returned credits its ops, makes those outputs ``wrong_outputs`` and blames the nodes
+  that compute only saved values (arbiter/probe/judge.py, ``run_sample``).
 
 ``arbiter.probe.update.manifest_update`` turns the result into manifest entries
 (``manifest_dtypes`` is the rule): an op keeps the dtypes it allowed before the probe (its entry's ``dtypes:``, or the
@@ -135,8 +137,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
             for dname in dtypes:
                 if DTYPES[dname] not in supported:
                     continue
-                got = one(p, Case(info, name, dname, DTYPES[dname]))
-                result.samples += got if isinstance(got, list) else [got]
+                result.samples += one(p, Case(info, name, dname, DTYPES[dname]))
         except KeyboardInterrupt:  # Ctrl-C: stop, keep (and write) what is done
             result.stopped_early = True
             break
@@ -148,18 +149,18 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     return result
 
 
-def _one(p: Probe, case: Case) -> SampleResult:
+def _one(p: Probe, case: Case) -> list[SampleResult]:
     """One sample of the OpInfo (``pick_sample``), traced and probed."""
     if nondeterministic(case.info):
-        return case.skipped("nondeterministic",
-                            "outputs are uninitialized or random: nothing to compare")
+        return [case.skipped("nondeterministic",
+                             "outputs are uninitialized or random: nothing to compare")]
     try:
         sample = pick_sample(case.info, case.dtype)
         if sample is None:
-            return case.skipped("trace", "no sample")
+            return [case.skipped("trace", "no sample")]
         gm, inputs = trace_sample(case.info, sample)
     except Exception as exc:  # noqa: BLE001 - OpInfo samples some ops cannot trace
-        return case.skipped("trace", describe(exc))
+        return [case.skipped("trace", describe(exc))]
     return probe_graph(p, case, gm, inputs)
 
 

@@ -168,6 +168,7 @@ def probe_training(p: Probe, case: Case) -> list[SampleResult]:
     out: list[SampleResult] = []
     seen: set = set()
     several = False
+    runs = 0
     for sample in candidates:
         new = arguments(sample) - seen
         if out and not (several and new):
@@ -181,10 +182,11 @@ def probe_training(p: Probe, case: Case) -> list[SampleResult]:
             continue
         first = not out
         several = several or (first and any(returns_tuple(n) for n in g.forward.graph.nodes))
-        out.append(probe_graph(p, case, g.forward, g.forward_inputs, "forward",
-                               g.saved_from, force=not first))
-        out.append(probe_graph(p, case, g.backward, g.backward_inputs, "backward",
-                               force=not first))
-        if not several or len(out) >= 2 * TRAINING_RUNS:
+        out += probe_graph(p, case, g.forward, g.forward_inputs, "forward", g.saved_from,
+                           force=not first)
+        out += probe_graph(p, case, g.backward, g.backward_inputs, "backward",
+                           force=not first)
+        runs += 1
+        if not several or runs >= TRAINING_RUNS:
             break
     return out or [case.skipped("trace", "no sample")]
