@@ -190,6 +190,11 @@ class ProbeInfo(BaseModel):
     training_samples_skipped: int = 0
     failed: dict[str, str] = Field(default_factory=dict, description="ops removed "
                                    "because every sample of them alone failed, with why")
+    unverified: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="op -> {dtype: why}: a sample of the op alone "
+        "gave wrong numbers in that dtype while another sample (other arguments) passed: "
+        "the dtype stays allowed but is not in `probed_dtypes` (kept while the versions "
+        "are the same)")
     dtypes_dropped: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="op -> {dtype: why}: declared dtypes a sample "
         "with the op tried and no sample passed, so the op no longer allows them")

@@ -386,3 +386,32 @@ def test_a_dtype_neither_allowed_nor_tried_skips_the_sample(make_backend):
     assert skipped.reason.startswith("aten.embedding.default in int64: neither allowed")
     result = probe(cls(), ops=["nn.functional.embedding"], dtypes=["float32", "int64"])
     assert result.passed["aten.embedding.default"] == {"float32", "int64"}
+
+
+def test_wrong_numbers_alone_leave_a_dtype_allowed_but_unverified():
+    """var_mean on OpenVINO: right with a dim, wrong over every dim (float32): the dtype
+    passed, so it stays allowed, but it is not verified (`probed_dtypes`) on these
+    versions, whatever a later run passes; other versions start again."""
+    from arbiter.probe import ProbeResult, SampleResult
+
+    vm = "aten.var_mean.correction"
+
+    def result(version, *statuses):
+        r = ProbeResult("x", version, str(torch.__version__), ["float32"])
+        for status in statuses:
+            r.record(SampleResult("var_mean", "float32", [vm], status,
+                                  "" if status == "passed" else "numbers",
+                                  "" if status == "passed" else "max abs error 0.195"),
+                     {(vm, "float32"), (vm, "int64")})
+        return r
+
+    doc = {"backend": "x", "defaults": {"dtypes": ["float32", "int64"]}, "ops": {vm: {}}}
+    once = manifest_update(doc, result("x 1.0", "passed", "failed"))
+    assert once["ops"][vm] == {"verified": "probed", "probed_dtypes": ["int64"]}
+    assert once["probe"]["unverified"] == {vm: {"float32": "numbers: max abs error 0.195"}}
+    Manifest.model_validate(once)
+    again = manifest_update(once, result("x 1.0", "passed"))  # the failing sample not run
+    assert again["ops"][vm]["probed_dtypes"] == ["int64"] and again["probe"]["unverified"]
+    fixed = manifest_update(once, result("x 2.0", "passed"))
+    assert fixed["ops"][vm]["probed_dtypes"] == ["float32", "int64"]
+    assert "unverified" not in fixed["probe"]

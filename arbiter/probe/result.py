@@ -40,6 +40,9 @@ class ProbeResult:
     failed: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
     # op -> {dtype: reason}: dtypes its tensors had in a failed sample (any number of ops)
     failed_dtypes: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
+    # op -> {sample dtype: reason}: a sample of that op alone gave wrong numbers (silent);
+    # a dtype another sample passed (other arguments) stays allowed, not verified
+    wrong_alone: dict[str, dict] = field(default_factory=lambda: defaultdict(dict))
     # outputs of tuple-returning ops compared one by one (those a sample does not return,
     # expose_outputs; a training forward's saved ones), from samples whose own outputs
     # passed: op -> {(index, sample dtype)} right, and op -> {index: {sample dtype: why}}
@@ -102,6 +105,8 @@ class ProbeResult:
                 self.failed_dtypes[op].setdefault(dt, why)
             if len(sample.ops) == 1:
                 self.failed[sample.ops[0]].setdefault(sample.dtype, why)
+                if sample.stage == "numbers":
+                    self.wrong_alone[sample.ops[0]].setdefault(sample.dtype, why[:200])
 
     def record_output(self, op: str, k: int, dtype: str, why: Optional[str]) -> None:
         """Output ``k`` of ``op``, compared on its own in a sample of ``dtype``: right
