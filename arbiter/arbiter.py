@@ -34,17 +34,19 @@ from .capability import MUTATES, NOT_ATEN, RANDOM, SCALAR
 from .config import Config, ConfigLike, load_config
 from .decompose import split_dropout
 from .errors import ConfigError, warn_at_user_line
+from .findings import findings
 from .ops import op_name
 from .plan.partition import Plan
 from .plan.planner import Planner, safe_version
 from .plan.policy import checked_candidates, get_policy
-from .plan.rules import graph_ops, names, unmatched_message
-from .registry import Backend, get_backend_class
+from .plan.rules import graph_ops, names, pending_backward_ops, unmatched_message
+from .registry import Backend, get_backend_class, install_advice
 from .report import BackendStatus, GraphBreakReport, Report
 from .report.advice import advise
 from .report.build import (SHAPE_EAGER_WARN, distributed_report, graph_report,
                            kind_reports, shape_eager_share)
 from .run.dynamic import chain_labels, shape_chain
+from .run.first_use import FirstUse
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
@@ -116,7 +118,7 @@ class Arbiter:
                 self.plans_only[name] = why
                 log.info("backend %s cannot run here (%s); the dry run plans onto it", name, why)
             elif not ok:
-                hint = f" (install: {cls.install_hint})" if cls.install_hint else ""
+                hint = install_advice(cls)  # only when a package it needs is missing
                 self.unavailable[name] = why + hint
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
             self.backends[name] = backend
@@ -126,6 +128,8 @@ class Arbiter:
                                                              self.config.cache.max_size_gb)
         for backend in self.backends.values():
             backend.artifact_cache = self.cache
+        findings().attach(self.cache)  # what first-use checks found, kept between processes
+        self._first_use = FirstUse(self.config.verify.tolerances)
         self.planner = Planner(
             self.backends, self.unavailable, exclude_ops=self.config.exclude_ops,
             pin=self.config.pin, min_block_size=self.config.min_block_size,
@@ -169,11 +173,14 @@ class Arbiter:
         backward graph), which ``spin: auto`` reads (docs/resources.md); call it first
         to use a backend's sessions before any compile."""
         self._resources_applied = True
-        return apply_resources(self.config.resources,
-                               [b for n, b in self.backends.items()
-                                if n not in self.unavailable],
-                               first_backend=self.config.backends[0].name,
-                               training=training)
+        settings = apply_resources(self.config.resources,
+                                   [b for n, b in self.backends.items()
+                                    if n not in self.unavailable],
+                                   first_backend=self.config.backends[0].name,
+                                   training=training)
+        for variant in self.planner.variants.values():  # lower precision: its base's
+            variant.use_budget(self.backends[variant.base_name].budget)
+        return settings
 
     def _add_variants(self) -> None:
         """Config `accuracy`: the lower-precision variants the configured backends offer
@@ -330,7 +337,9 @@ class Arbiter:
 
     def _check_rules(self, gm: torch.fx.GraphModule, kind: str, label: str) -> None:
         """Warn (once per rule) about a pin or exclude that names no op of the graphs
-        compiled so far. A forward graph waits for its backward, which may hold the op."""
+        compiled so far. A forward graph is judged with its backward, which may hold the
+        op: AOTAutograd made that graph already and compiles it at the first backward,
+        which may never come (a forward with gradients on and no backward)."""
         rules = self._rules()
         if not rules:
             return
@@ -338,7 +347,11 @@ class Arbiter:
             self._seen_ops |= graph_ops(gm)
             seen = set(self._seen_ops)
         if kind == "forward":
-            return
+            backward = pending_backward_ops()
+            if backward is None:  # not found: wait for the backward's own compile
+                return
+            seen |= backward
+            label += " and its backward"
         for rule, op, backend in rules:
             if (rule, op) in self._warned or any(names(op, o) for o in seen):
                 continue
@@ -392,7 +405,8 @@ class Arbiter:
                 record = PieceRecord(part.id, part.backend, chain_labels(chain))
                 piece = Piece(record, sub.gm, chain, label, verify=self.config.verify,
                               compile_timeout_s=self.config.compile_timeout_s,
-                              lowered_verify=self._lowered_verify)
+                              lowered_verify=self._lowered_verify,
+                              first_use=self._first_use)
                 piece.node_names = names  # measured.py keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)

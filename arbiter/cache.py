@@ -182,6 +182,12 @@ class Cache:
             self.evicted += 1
             self._remove(path)
 
+    def remove_kind(self, kind: str) -> int:
+        """Remove every entry of ``kind``; returns how many."""
+        if not self.enabled:
+            return 0
+        return sum(self._remove(p) for p in sorted((self.dir / kind).glob("*/*.bin")))
+
     def shrink(self, max_bytes: int, keep: Optional[Path] = None) -> int:
         """Remove the least recently used entries until the total is at most
         ``max_bytes`` (``keep`` stays); returns the bytes removed."""

@@ -28,7 +28,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
-from .decompose import KEEPS_OP, NotDecomposable, for_names
+from .decompose import NotDecomposable, for_names
+from .findings import findings
 from .ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
                   random_depends_on_args, tensors_in)
 from .registry import Backend
@@ -140,9 +141,19 @@ class CapabilityTable:
         self._cache: dict[Any, NodeSupport] = {}
         self._kinds: dict[Any, Any] = {}  # target -> what `_kind` says
         self._validated: dict[str, bool] = {}  # op name -> has a validator somewhere
+        self._generation = findings().generation  # the findings the answers above saw
+
+    def _current(self) -> None:
+        """Forget cached answers made before a finding was added (arbiter/findings.py)."""
+        gen = findings().generation
+        if gen != self._generation:
+            self._cache.clear()
+            self._validated.clear()
+            self._generation = gen
 
     def support(self, node: torch.fx.Node, memo: Optional[dict] = None) -> NodeSupport:
         """The backends able to run ``node``, best first. ``memo``: see ``tensor_descs``."""
+        self._current()
         target = node.target
         kind = self._kinds.get(target)
         if kind is None:
@@ -177,6 +188,7 @@ class CapabilityTable:
         The common case (an ATen op producing one tensor, whose signature was seen
         before) is answered inline; everything else goes through ``support``.
         """
+        self._current()
         memo: dict = {}
         out: list[NodeSupport] = []
         append = out.append
@@ -220,10 +232,12 @@ class CapabilityTable:
             pk = packet_name(name)
             # so is one a backend decomposes (its decomposition depends on shapes and
             # argument values)
+            # and one a first-use check found wrong (arbiter/findings.py)
             hit = self._validated[name] = any(
                 name in b.validators or pk in b.validators
                 or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
                 or name in b.manifest().decompositions or pk in b.manifest().decompositions
+                or bool(found_wrong(b, name))
                 for b in self.backends)
         return hit
 
@@ -285,11 +299,18 @@ class CapabilityTable:
             if decomps.applies(node):
                 if not decomps.keeps(node):
                     return _refuse_decomposed(backend, decomps, node, name)
-                # the decomposition declines these arguments: judged whole, as it is
-                declined = f" (it is decomposed for {backend.name}, but {KEEPS_OP} here)"
+                # the decomposition declines these arguments, or the node is symbolic:
+                # judged whole, as it is
+                declined = (f" (it is decomposed for {backend.name}, but "
+                            f"{decomps.kept_because(node)} here)")
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest{declined}"
+        if backend.narrow_dtypes and name not in backend.narrow_dtype_ops:
+            for d in descs:
+                why = backend.narrow_dtypes.get(d.dtype)
+                if why is not None:
+                    return f"dtype {str(d.dtype).removeprefix('torch.')}: {why}"
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue
@@ -308,10 +329,33 @@ class CapabilityTable:
                 if k in used and dtypes & bad:
                     return (f"output {k} is used and {backend.name} computes it wrongly "
                             f"(probe: {why})")
+        for f in found_wrong(backend, name):
+            if f.refuses((_dtype_name(d.dtype) for d in descs if d.dtype is not None),
+                         _used_or_whole(node)):
+                return f"{name}: {f.reason()}"
         check = backend.validators.get(name) or backend.validators.get(packet_name(name))
         if check is not None:
             return check(node)
         return None
+
+
+def found_wrong(backend: Backend, name: str) -> list:
+    """What first-use checks found ``backend`` (this version) computing wrongly of op
+    ``name`` (arbiter/findings.py); [] for a backend without a version."""
+    try:
+        version = backend.version()
+    except Exception:  # noqa: BLE001 - a backend that cannot say is not matched
+        return []
+    return findings().for_op(backend.name, str(version), name)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _used_or_whole(node: torch.fx.Node) -> Optional[set[int]]:
+    """The outputs of ``node`` its users read, or None when it has one output."""
+    return used_outputs(node) if isinstance(node.meta.get("val"), (tuple, list)) else None
 
 
 def _refuse_decomposed(backend: Backend, decomps, node: torch.fx.Node,

@@ -115,9 +115,13 @@ class VerifyOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["off", "first", "every"] = Field(
-        "off", description="`first`: check each partition's first call; `every`: every "
-                           "`every_n` calls")
+    mode: Literal["off", "unverified", "first", "every"] = Field(
+        "unverified", description="`unverified` (the default): check the first call on a "
+        "backend of each partition that holds an (op, dtype) no probe verified for the way "
+        "the graph uses it (arbiter/plan/evidence.py); a failure demotes the partition and "
+        "is kept (the op is refused on that backend from then on, in later processes too: "
+        "arbiter/findings.py); `first`: check every partition's first call; `every`: every "
+        "`every_n` calls; `off`: trust the manifests' declarations, unchecked")
     every_n: StrictInt = Field(100, ge=1, description="with mode `every`: check one call in N "
                          "(the first call of each compiled backend included)")
     tolerances: dict[str, Tolerance] = Field(

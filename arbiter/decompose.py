@@ -46,6 +46,11 @@ class NotDecomposable(Exception):
 #: mask, say) leaves the op itself: the node is then not decomposed, and a backend judges
 #: it as it is (its manifest entry), as before it asked for the decomposition.
 KEEPS_OP = "its decomposition keeps the op itself"
+#: A node of symbolic shapes is not decomposed either: decompositions are traced for
+#: static shapes. It is handed over whole, and judged whole (its manifest entry, which
+#: says whether the op may take symbols): a decomposition that cannot serve a symbolic
+#: node leaves it to the backend's own support, never pushes it to eager.
+SYMBOLIC_KEEPS = "its shapes are symbolic (decompositions are traced for static shapes)"
 
 
 def resolve_op(name: str) -> Any:
@@ -391,13 +396,17 @@ class Decompositions:
                 and node.target in self.table and wants(self.names, op_name(node.target)))
 
     def keeps(self, node: torch.fx.Node) -> bool:
-        """Whether the decomposition of ``node`` declines its arguments (``KEEPS_OP``):
-        the node is then handed over whole."""
+        """Whether the decomposition of ``node`` declines its arguments (``KEEPS_OP``), or
+        the node is symbolic (``SYMBOLIC_KEEPS``): the node is then handed over whole."""
+        return self.kept_because(node) is not None
+
+    def kept_because(self, node: torch.fx.Node) -> Optional[str]:
+        """Why ``node`` is handed over whole (``KEEPS_OP`` or ``SYMBOLIC_KEEPS``), or None."""
         try:
             self.trace(node)
         except NotDecomposable as exc:
-            return str(exc) == KEEPS_OP
-        return False
+            return str(exc) if str(exc) in (KEEPS_OP, SYMBOLIC_KEEPS) else None
+        return None
 
     def trace(self, node: torch.fx.Node) -> torch.fx.GraphModule:
         """The decomposition of ``node`` as an ATen graph: one placeholder per tensor
@@ -518,12 +527,12 @@ def _trace(node: torch.fx.Node, decomps: dict) -> Any:
         if not isinstance(v, torch.Tensor):
             return f"input {n.name} is not a tensor with metadata"
         if not all(isinstance(s, int) for s in (*v.shape, *v.stride())):
-            return "symbolic (dynamic) shapes: the decomposition is traced for static ones"
+            return SYMBOLIC_KEEPS
         vals.append(v)
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     if any(not isinstance(a, torch.fx.Node) and isinstance(a, (torch.SymInt, torch.SymFloat))
            for a in flat):
-        return "symbolic (dynamic) arguments: the decomposition is traced for static ones"
+        return SYMBOLIC_KEEPS
     where = {n: k for k, n in enumerate(inputs)}
     target = node.target
 

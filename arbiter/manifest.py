@@ -263,9 +263,10 @@ class Manifest(BaseModel):
                                        if k == "probed" and trained else "")
                  for k in sorted(counts, key=lambda k: (
                      order.index(k) if k in order else len(order), k))]
-        text = f"{len(self.ops)} ops ({', '.join(parts)})" if self.ops else "no ops"
-        if self.patterns:
-            text += f", {len(self.patterns)} patterns"
+        n, m = len(self.ops), len(self.patterns)
+        text = f"{n} op{'s' * (n != 1)} ({', '.join(parts)})" if n else "no ops"
+        if m:
+            text += f", {m} pattern{'s' * (m != 1)}"
         return text
 
     def model_post_init(self, __context: Any) -> None:

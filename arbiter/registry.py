@@ -6,7 +6,8 @@ each; third-party backends register through the ``arbiter.backends`` entry-point
 Neither is imported until a backend is looked up, so ``import arbiter`` stays light and a
 broken optional package cannot break it.
 
-A complete third-party backend::
+A third-party backend, in short (docs/writing-a-backend.md has a complete one with its
+manifest, tested by running it)::
 
     # my_pkg/my_backend.py
     from arbiter import Backend, register_backend
@@ -30,7 +31,9 @@ A complete third-party backend::
     [project.entry-points."arbiter.backends"]
     mine = "my_pkg.my_backend"
 
-and ``my_pkg/capabilities/mine.yaml`` beside it (or override ``manifest_path``).
+and ``my_pkg/capabilities/mine.yaml`` beside it, or a ``manifest_path`` of its own, which
+must be a classmethod (arbiter reads the manifest from the class; anything else is refused
+at registration).
 """
 from __future__ import annotations
 
@@ -86,6 +89,11 @@ class Backend:
     color: ClassVar[str] = ""
     #: per-op checks for what the manifest cannot say: {"aten.x.default": fn(node)->reason}
     validators: ClassVar[dict[str, Validator]] = {}
+    #: dtypes the backend computes in a narrower type whatever the op (OpenVINO's CPU
+    #: plugin holds int64 in 32 bits): {dtype: why}; a node reading or writing one is
+    #: refused, except the ops of ``narrow_dtype_ops`` (values that index a table)
+    narrow_dtypes: ClassVar[dict[torch.dtype, str]] = {}
+    narrow_dtype_ops: ClassVar[frozenset] = frozenset()
     #: True for a backend whose compiled code draws fresh random numbers on every call
     #: (Inductor's seeds come from torch's generator per call): under the config's
     #: ``random: backend`` it may take random ops (dropout); others never get them
@@ -195,6 +203,15 @@ class Backend:
         return other
 
     # -- shared resources (arbiter/run/resources.py) --------------------------------------
+    #: the budget of the config this instance belongs to (``use_budget``); None before
+    budget: Optional[Any] = None
+
+    def use_budget(self, budget: Any) -> None:
+        """The ``resources.Budget`` of this instance's config (threads as the process
+        has them; its own ``spin``): for what a backend can set per compiled model,
+        such as whether a session's threads spin. Called for every instance."""
+        self.budget = budget
+
     def configure_resources(self, budget: Any) -> dict[str, Any]:
         """Apply the process's ``resources.Budget`` (threads, spin owner, shared arena).
 
@@ -235,6 +252,59 @@ class Backend:
         return blob
 
 
+def missing_packages(hint: str) -> Optional[list[str]]:
+    """The distributions that the pip command ``hint`` (a backend's ``install_hint``,
+    ``pip install 'torch-arbiter[triton]'``) would install and that are not installed
+    here, extras expanded: [] when all are (the backend is unavailable for another
+    reason: no GPU, say); None when that cannot be told (not a pip command, or no
+    ``packaging`` to read requirements with)."""
+    import shlex
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        return None
+    try:
+        words = shlex.split(hint.split(" (")[0])  # "(a remark)" ends the command
+    except ValueError:
+        return None
+    if "install" not in words or "pip" not in " ".join(words[:words.index("install")]):
+        return None
+    todo = [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+    missing: list[str] = []
+    seen: set[str] = set()
+    while todo:
+        try:
+            req = Requirement(todo.pop())
+        except InvalidRequirement:
+            return None
+        if req.name in seen:
+            continue
+        seen.add(req.name)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            missing.append(req.name)
+            continue
+        for extra in req.extras:  # what `pip install name[extra]` adds
+            for text in dist.requires or []:
+                sub = Requirement(text)
+                if sub.marker is not None and sub.marker.evaluate({"extra": extra}):
+                    todo.append(str(sub).split(";")[0])
+    return missing
+
+
+def install_advice(cls: type[Backend]) -> str:
+    """`` (install: HINT)`` for a backend that is unavailable, when its install command
+    would install something missing here; "" when what it names is installed (then the
+    reason is not a missing package) or the backend has no hint."""
+    if not cls.install_hint:
+        return ""
+    missing = missing_packages(cls.install_hint)
+    return "" if missing == [] else f" (install: {cls.install_hint})"
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask, not the machine's count)."""
     import os
@@ -273,6 +343,7 @@ def register_backend(cls: Optional[type[Backend]] = None, *, name: Optional[str]
             c.name = name
         if not c.name:
             raise ArbiterError(f"backend class {c.__qualname__} has no `name`")
+        _check_class_methods(c)
         with _lock:
             old = _REGISTRY.get(c.name)
             if old is not None and old is not c and old.__qualname__ != c.__qualname__:
@@ -283,6 +354,26 @@ def register_backend(cls: Optional[type[Backend]] = None, *, name: Optional[str]
         return c
 
     return wrap(cls) if cls is not None else wrap
+
+
+def _check_class_methods(c: type[Backend]) -> None:
+    """Refuse, at registration, a backend whose ``manifest_path`` or ``manifest`` is not a
+    classmethod: arbiter calls them on the class, before any instance exists (an attribute
+    ``manifest_path = Path(...)`` failed later, inside Dynamo: "'PosixPath' object is not
+    callable")."""
+    for attr in ("manifest_path", "manifest"):
+        owner = next(k for k in c.__mro__ if attr in k.__dict__)
+        value = owner.__dict__[attr]
+        if isinstance(value, (classmethod, staticmethod)):
+            continue
+        what = "a plain method" if callable(value) else f"an attribute ({value!r})"
+        raise ArbiterError(
+            f"backend class {owner.__module__}.{owner.__qualname__} ({c.name!r}): `{attr}` "
+            f"is {what}, but arbiter calls it on the class; write\n"
+            f"    @classmethod\n    def {attr}(cls):\n        return "
+            + ("Path(__file__).parent / \"capabilities\" / \"" + c.name + ".yaml\""
+               if attr == "manifest_path" else "load_manifest(cls.manifest_path())")
+            + "\n(docs/writing-a-backend.md)")
 
 
 def _discover() -> None:

@@ -6,13 +6,36 @@ A backend mixes in ``ExactNonfinite`` and sets ``own_validators`` (always applie
 refuses those ops on floating inputs (they join ``validators``); ``"guard"`` takes them,
 and ``nonfinite_guard`` names them so that the partition checks its inputs on every call
 (arbiter/run/piece.py); ``false`` takes them unchecked.
+
+NaN made inside a partition (issue 25). The input check misses a NaN or inf that the
+partition makes itself out of finite inputs: ``relu(0 / 0)`` was 0 on OpenVINO, eager
+NaN. Under ``guard``, a backend compiles through ``with_taps``: when a guarded op reads a
+value that an op of ``SOURCES`` (division, log, sqrt, pow, exp...) computed inside the
+partition, directly or through other ops, the compiled partition also returns those
+ops' outputs (the "taps"), and a call where one holds NaN or inf runs in eager ATen, as
+a call with a non-finite input does (counted in the same ``nonfinite_calls``). Plans
+do not change and partitions without such a pair pay nothing; one with taps pays one sum
+per tap and call, and the taps' memory (often small: a norm's ``rsqrt`` is one value a
+row). Not caught: NaN or inf made by an overflow of ordinary arithmetic (a sum or product
+of finite values past the dtype's range: the documented limit of the whole guard) or by
+a constant (a ``-inf`` fill), and NaN in frozen weights.
 """
 from __future__ import annotations
 
 import functools
-from typing import ClassVar
+import logging
+import math
+import threading
+from typing import Any, Callable, ClassVar, Optional
 
-from arbiter.ops import nonfinite_nodes
+import torch
+import torch.fx
+
+from arbiter.ops import nonfinite_nodes, op_name, packet_name
+
+from ._edge_values import MEANS, VARIANCES, argument, may_be_zero, reduced_sizes
+
+log = logging.getLogger(__name__)
 
 
 class ExactNonfinite:
@@ -34,3 +57,172 @@ class ExactNonfinite:
 
     def nonfinite_guard(self, gm) -> list[str]:
         return nonfinite_nodes(gm, self.nonfinite_checks) if self._mode() == "guard" else []
+
+    def with_taps(self, gm: torch.fx.GraphModule, build: Callable[[torch.fx.GraphModule], Any]):
+        """``build(gm)``, the backend's compile of a partition; under ``guard``, when the
+        partition makes a value its guarded ops read (``taps``), ``build`` compiles it
+        with those values returned too and the result checks them on every call
+        (``Tapped``)."""
+        found = taps(gm, self.nonfinite_checks) if self._mode() == "guard" else []
+        if not found:
+            return build(gm)
+        log.debug("%s: NaN/inf made by %s checked on every call", getattr(self, "name", ""),
+                  ", ".join(n.name for n in found))
+        return Tapped(build(with_outputs(gm, found)), len(found), gm)
+
+
+# -- ops that make NaN or inf from finite inputs -------------------------------------------
+#: ATen ops (packet names) that can make NaN or inf out of finite inputs at ordinary
+#: values: a division by zero, a log of zero or less, a root or power of a negative
+#: number, an inverse function out of its domain, an exponential past 88 (float32).
+SOURCES = frozenset({
+    "aten.div", "aten.true_divide", "aten.floor_divide", "aten.reciprocal", "aten.rsqrt",
+    "aten.sqrt", "aten.pow", "aten.float_power", "aten.remainder", "aten.fmod",
+    "aten.log", "aten.log2", "aten.log10", "aten.log1p", "aten.logit", "aten.xlogy",
+    "aten.acos", "aten.asin", "aten.acosh", "aten.atanh", "aten.erfinv", "aten.lgamma",
+    "aten.digamma", "aten.polygamma", "aten.mvlgamma", "aten.exp", "aten.exp2",
+    "aten.expm1", "aten.sinh", "aten.cosh", "aten.nll_loss_forward",
+    "aten.nll_loss2d_forward",
+})
+#: Packet-name prefixes of op families that are all sources (poles, singular matrices).
+_SOURCE_PREFIXES = ("aten.special_", "aten.linalg_", "aten._linalg_")
+_DIVISIONS = ("aten.div", "aten.true_divide", "aten.floor_divide", "aten.remainder",
+              "aten.fmod")
+
+
+def _nonzero_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x != 0 and \
+        math.isfinite(x)
+
+
+def _constant_nonzero(x: Any) -> bool:
+    """A divisor that cannot be 0: a non-zero number, or a ``full``/``scalar_tensor``
+    of one (GPT-2's attention scale)."""
+    if _nonzero_number(x):
+        return True
+    if isinstance(x, torch.fx.Node) and x.op == "call_function" and \
+            packet_name(op_name(x.target)) in ("aten.full", "aten.scalar_tensor"):
+        value = x.args[1] if packet_name(op_name(x.target)) == "aten.full" else x.args[0]
+        return _nonzero_number(value)
+    return False
+
+
+def makes_nonfinite(node: torch.fx.Node) -> bool:
+    """Whether ``node`` can make NaN or inf out of finite inputs (``SOURCES``), judged
+    with its arguments where they settle it (a division by a non-zero number cannot; nor
+    a power with a non-negative integer exponent, nor a mean over a non-empty extent)."""
+    name = op_name(node.target)
+    packet = packet_name(name)
+    if name in MEANS:
+        sizes = reduced_sizes(node)
+        return sizes is None or any(may_be_zero(s) for s in sizes)
+    if name in VARIANCES:  # n <= correction: NaN or inf (the variance of one value)
+        sizes = reduced_sizes(node)
+        if sizes is None or any(not isinstance(s, int) for s in sizes):
+            return True
+        correction = argument(node, "correction")
+        return math.prod(sizes) <= (1 if correction is None else correction)
+    if packet not in SOURCES and not packet.startswith(_SOURCE_PREFIXES):
+        return False
+    if packet in _DIVISIONS:
+        return not _constant_nonzero(node.args[1] if len(node.args) > 1 else None)
+    if packet == "aten.pow" and name.endswith("Tensor_Scalar"):
+        e = node.args[1]
+        return not (isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0
+                    and float(e).is_integer())
+    return True
+
+
+def _floating(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    return any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in vals)
+
+
+def taps(gm: torch.fx.GraphModule, checks: dict) -> list[torch.fx.Node]:
+    """The nodes of ``gm`` that make NaN or inf (``makes_nonfinite``) and whose values
+    reach, through floating values, an input of a node ``checks`` refuses (an op the
+    backend computes unlike eager on NaN or inf), in graph order. One pass: each
+    floating value carries the set of such nodes it depends on."""
+    reach: dict[torch.fx.Node, frozenset] = {}
+    found: set = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        upstream = frozenset().union(*(reach.get(i, ()) for i in node.all_input_nodes))
+        name = op_name(node.target)
+        check = checks.get(name) or checks.get(packet_name(name))
+        if upstream and check is not None and check(node) is not None:
+            found |= upstream
+        if makes_nonfinite(node) and _floating(node):
+            upstream = upstream | {node}
+        if upstream and _floating(node):
+            reach[node] = upstream
+    return [n for n in gm.graph.nodes if n in found]
+
+
+def with_outputs(gm: torch.fx.GraphModule, extra: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` (a partition returning a tuple) that also returns ``extra``
+    (nodes of ``gm``), after its own outputs; constants shared."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    out = graph.graph_copy(gm.graph, env)
+    values = list(out) if isinstance(out, (list, tuple)) else [out]
+    graph.output(tuple(values + [env[n] for n in extra]))
+    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+#: Taps of at most this many elements in all are checked with one sum (``all_finite``).
+_SMALL = 1 << 16
+
+
+def all_finite(tensors) -> bool:
+    """Whether every floating tensor is free of NaN and inf: one sum each (NaN and inf
+    survive a sum), confirmed element-wise only when the sum is not finite (finite
+    values can overflow it). Small tensors are summed together (a norm's twelve
+    ``rsqrt`` rows: 3 torch calls, not 24)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
+            len({t.dtype for t in tensors}) == 1:
+        if bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors]).sum())):
+            return True
+    for t in tensors:
+        if t.numel() and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
+            return False
+    return True
+
+
+class Tapped:
+    """A compiled partition whose last ``n`` outputs are taps (``taps``): returns the
+    partition's own outputs, or eager ATen's (``gm`` run on the call's inputs) when a
+    tap holds NaN or inf; such calls are counted in the piece's record
+    (``nonfinite_calls``, ``attach_record``)."""
+
+    def __init__(self, fn: Callable, n: int, gm: torch.fx.GraphModule):
+        self.fn, self.n, self.gm = fn, n, gm
+        self._record: Optional[Any] = None
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def attach_record(self, record) -> None:
+        self._record = record
+        attach = getattr(self.fn, "attach_record", None)
+        if attach is not None:
+            attach(record)
+
+    def __call__(self, *args):
+        out = self.fn(*args)
+        k = len(out) - self.n
+        if all_finite(out[k:]):
+            return out[:k]
+        with self._lock:
+            if self._record is not None:
+                self._record.nonfinite_calls += 1
+            first, self._warned = not self._warned, True
+        if first:
+            record = self._record
+            log.warning("partition %s: a value made inside it holds NaN or inf, and its "
+                        "backend computes %s unlike eager there: such calls run in eager "
+                        "ATen (exact_nonfinite: guard)", getattr(record, "partition_id", "?"),
+                        ", ".join(getattr(record, "nonfinite_ops", None) or ["some ops"]))
+        return list(self.gm(*args))

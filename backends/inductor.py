@@ -184,12 +184,28 @@ _NONFINITE = {
 _NONFINITE_CHECKS = nonfinite_validators(_NONFINITE, "inductor")
 
 
+def _floating_remainder(node: torch.fx.Node) -> Optional[str]:
+    """Inductor lowers a floating ``remainder`` as ``a - b * floor(a / b)``, which loses
+    the result past 2**24 / b in float32 (1e8 % 3 gave 0, eager 1; -1e8 % 3 gave 8):
+    ATen takes ``fmod`` and fixes the sign, exactly (arbiter probe inductor --edges)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype.is_floating_point:
+        return ("floating remainder is computed as a - b * floor(a / b) by Inductor: "
+                "wrong for large magnitudes (1e8 % 3 gives 0, eager 1)")
+    return None
+
+
+_VALIDATORS = {"aten.remainder.Tensor": _floating_remainder,
+               "aten.remainder.Scalar": _floating_remainder,
+               "aten.remainder.Scalar_Tensor": _floating_remainder}
+
+
 @register_backend
 class Inductor(ExactNonfinite, Backend):
     name = "inductor"
     color = "#f28e2b"  # fixed in every report (arbiter/report/html.py)
     Options = InductorOptions
-    own_validators = {}
+    own_validators = _VALIDATORS
     nonfinite_checks = _NONFINITE_CHECKS
     # its random ops (dropout...) draw on every call with seeds taken from torch's
     # default generator at that call (inductor_seeds), as under torch.compile

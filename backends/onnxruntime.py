@@ -1,10 +1,11 @@
 """ONNX Runtime (CPU execution provider by default).
 
 A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
-dynamo=True)``, which uses onnxscript's ATen library): no op translations are written
-here. Weights baked into the partition become ONNX initializers, which ONNX Runtime
-folds and prepacks. The exporter's ATen -> ONNX registry is built once per process, not
-once per partition (``_registry_once``).
+dynamo=True)``, which uses onnxscript's ATen library), with the few translations of
+``backends/_onnx_export.py`` where that library differs from eager; what the export still
+gets wrong is refused there (``EXPORT_VALIDATORS``). Weights baked into the partition
+become ONNX initializers, which ONNX Runtime folds and prepacks. The exporter's ATen ->
+ONNX registry is built once per process, not once per partition.
 
 Tensors cross without copies: inputs are bound by pointer with IOBinding (made
 contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
@@ -20,7 +21,9 @@ Runtime and handed over as a tensor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+from pathlib import Path
 from typing import Literal, Optional, Union
 
 import torch
@@ -32,13 +35,15 @@ from arbiter.ops import nonfinite_validators, op_name
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
+from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
+from ._export import Runner, check_inputs, outputs_of, quiet, range_key
 from ._nonfinite import ExactNonfinite
-from ._export import Runner, check_inputs, export_program, outputs_of, quiet, range_key
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, export_onnx
 
 log = logging.getLogger(__name__)
 
-#: What configure_resources set for the whole process: "global_pool" (its size),
-#: "env_arena" (sessions use the shared arena), "no_spin" (per-session pools, no spin).
+#: What configure_resources set for the whole process: "session_threads" (each session's
+#: pool), "env_arena" (sessions use the shared arena).
 _PROCESS: dict = {}
 
 _NP_NAMES = {
@@ -81,8 +86,9 @@ class OrtOptions(BaseModel):
         True, description="ops whose results differ from eager when an input holds NaN "
         "(measured by `arbiter probe`: sign(NaN) is NaN, clamp_min(NaN, x) is x, "
         "heaviside(NaN, y) is 1...). true: refused; `guard`: taken, and a partition holding "
-        "one checks its floating inputs on every call and runs a call with NaN or inf in "
-        "eager; false: taken, unchecked")
+        "one checks its floating inputs on every call, and the values made inside it by "
+        "ops that can make NaN or inf of finite numbers when those ops feed one, and runs "
+        "a call with NaN or inf there in eager; false: taken, unchecked")
     allow_spinning: bool = Field(
         False, description="let ONNX Runtime's worker threads spin after a run. Off by "
         "default: spinning pools steal the cores torch needs for the partitions between")
@@ -106,26 +112,16 @@ class OrtOptions(BaseModel):
         "weight (quantize_dynamic's per_channel) rather than one per tensor")
 
 
-def _batch_norm_training(node) -> Optional[str]:
-    # The exporter translates training-mode batch norm with ONNX's BatchNormalization,
-    # which normalizes with the running statistics: measured wrong by 0.24 on the small CNN.
-    schema = node.target._schema
-    names = [a.name for a in schema.arguments]
-    if "training" in names:
-        i = names.index("training")
-        training = node.args[i] if i < len(node.args) else node.kwargs.get("training", False)
-        if training:
-            return "training-mode batch norm (batch statistics) is exported with running statistics"
-    return None
-
-
-_VALIDATORS = {
-    "aten._native_batch_norm_legit_functional": _batch_norm_training,
-    "aten._native_batch_norm_legit": _batch_norm_training,
-    "aten.native_batch_norm": _batch_norm_training,
-    "aten._batch_norm_with_update_functional": _batch_norm_training,
-    "aten.batch_norm": _batch_norm_training,
-}
+#: What ONNX Runtime's own kernels compute unlike eager at edge values (issue 25;
+#: docs/robustness.md "Edge values"), on top of what the export gets wrong
+#: (backends/_onnx_export.py, shared with TensorRT).
+_RUNTIME_VALIDATORS = {
+    **{name: integer_pow("ONNX Runtime computes it through float64 (3**39 is off by 11; "
+                         "past the dtype's range it saturates)") for name in POWS},
+    **{name: integer_reduction("ONNX Runtime reduces integers through float64 (2**53 + 1 "
+                               "sums to 2**53; past int32's range it saturates)")
+       for name in SUMS}}
+_VALIDATORS = {**EXPORT_VALIDATORS, **_RUNTIME_VALIDATORS}
 
 #: Ops whose results differ from eager when an input holds NaN (onnxruntime 1.32, CPU
 #: provider, float32; `arbiter probe onnxruntime --dtypes float32`, 2026-11-23). Refused
@@ -195,7 +191,15 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
         return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
 
+    def cache_parts(self) -> dict:
+        # a model exported before a change of the export's own translations is not reused
+        return {**super().cache_parts(), "export": EXPORT_REVISION}
+
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        # under exact_nonfinite guard, NaN made inside the partition is checked too
+        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         # Export with the inputs' real strides (a `view` in the graph may rely on them);
         # ONNX has no strides, and at run time inputs are bound contiguous.
         dynamic = graph_is_symbolic(gm)
@@ -245,19 +249,20 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
     # -- threads, spinning, arena (arbiter/run/resources.py; docs/resources.md) ------------
     def configure_resources(self, budget) -> dict:
-        """Threads and one arena for every session of the process.
+        """Threads, spinning and one arena for the sessions arbiter makes, and none for
+        anyone else's.
 
-        ORT's Python API sets only the sizes of its global pool, not its spinning: with
-        ``session.intra_op.allow_spinning=0`` and ``session.force_spinning_stop=1`` its
-        worker still burned 40 ms of CPU in the 200 ms after a run (measured). So:
-        - when this backend owns the spin (``resources: {spin: ...}``; ``auto`` gives it to
-          the config's first backend), one global pool of the budget's threads serves
-          every session (few threads, spinning);
-        - otherwise each session gets its own pool of the budget's threads with spinning
-          off (per-session pools honour ``allow_spinning=0``: 0.1 ms of CPU after a run).
-          A pool without workers (size 1) was tried first and lost half the speed:
-          GPT-2 small 224 ms against 123 ms (docs/resources.md).
-        The arena is registered once, before the first session.
+        Every session gets its own pool of the budget's threads (ONNX Runtime's global
+        pool is never set: once it exists, every session in the process must use it,
+        and a plain ``InferenceSession`` of the user's, or of another library, fails
+        with "use_per_session_threads must be false when using a global thread pool").
+        Its workers spin after a run only when this config gives ONNX Runtime the spin
+        (``resources: {spin: ...}``; ``auto``: the config's first backend, unless its
+        first graph trains): ``session.intra_op.allow_spinning``, which per-session pools
+        honour (0.1 ms of CPU after a run with it off, docs/resources.md), so the spin is
+        each Arbiter's own (``use_budget``) and a second config never conflicts with the
+        first over it. The arena is registered once, before the first session, and used
+        only by sessions that ask for it (``session.use_env_allocators``).
         """
         if not budget.coordinate:
             return {"coordinated": False, "pool": "per session (ONNX Runtime's defaults)",
@@ -269,23 +274,10 @@ class OnnxRuntime(ExactNonfinite, Backend):
             settings["pool"] = (f"per session, {self.options.intra_op_num_threads} "
                                 "threads (backend option intra_op_num_threads)")
             settings["allow_spinning"] = self.options.allow_spinning
-        elif budget.may_spin(self.name):
-            try:
-                ort.set_global_thread_pool_sizes(budget.threads, 1)
-                _PROCESS["global_pool"] = budget.threads
-                settings["pool"] = f"global, {budget.threads} thread(s)"
-                settings["allow_spinning"] = budget.threads > 1
-            except Exception as exc:  # noqa: BLE001 - the pool exists already
-                settings["pool"] = (f"per session, {budget.threads} thread(s), spinning off "
-                                    f"(global pool could not be set: {str(exc).strip()[:160]})")
-                settings["allow_spinning"] = False
-                _PROCESS["session_threads"] = budget.threads
-                _PROCESS["no_spin"] = True
         else:
             _PROCESS["session_threads"] = budget.threads
-            _PROCESS["no_spin"] = True
-            settings["pool"] = f"per session, {budget.threads} thread(s), spinning off"
-            settings["allow_spinning"] = False
+            settings["pool"] = (f"per session, {budget.threads} thread(s); spinning where "
+                                "the config gives onnxruntime the spin")
         if budget.shared_arena:
             mem = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
                                     ort.OrtMemType.DEFAULT)
@@ -293,10 +285,18 @@ class OnnxRuntime(ExactNonfinite, Backend):
             # max_dead_bytes_per_chunk): -1 and 0 mean ORT's defaults.
             ort.create_and_register_allocator(mem, ort.OrtArenaCfg(0, -1, -1, -1))
             _PROCESS["env_arena"] = True
-            settings["arena"] = "one, shared by every session (CPU)"
+            settings["arena"] = "one, shared by arbiter's sessions (CPU)"
         else:
             settings["arena"] = "per session"
         return settings
+
+    def _spins(self) -> bool:
+        """Whether this instance's sessions may spin: the option when its threads are
+        set explicitly, else whether its config's budget gives it the spin."""
+        if "intra_op_num_threads" in self.options.model_fields_set or self.budget is None:
+            return self.options.allow_spinning
+        return self.budget.coordinate and self.budget.may_spin(self.base_name or self.name) \
+            and self.budget.threads > 1
 
     def make_session(self, model_bytes: bytes, disabled_optimizers: tuple[str, ...] = ()):
         """An InferenceSession with the options and the process's pool and arena, without
@@ -311,16 +311,12 @@ class OnnxRuntime(ExactNonfinite, Backend):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
         }[self.options.graph_optimization_level]
-        explicit = "intra_op_num_threads" in self.options.model_fields_set
         if self.options.intra_op_num_threads is not None:
             so.intra_op_num_threads = self.options.intra_op_num_threads
         elif "session_threads" in _PROCESS:
             so.intra_op_num_threads = _PROCESS["session_threads"]
-        if "global_pool" in _PROCESS and not explicit:
-            so.use_per_session_threads = False
-        else:
-            spin = self.options.allow_spinning and not _PROCESS.get("no_spin")
-            so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        so.add_session_config_entry("session.intra_op.allow_spinning",
+                                    "1" if self._spins() else "0")
         if _PROCESS.get("env_arena"):
             so.add_session_config_entry("session.use_env_allocators", "1")
         return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers),
@@ -369,67 +365,6 @@ def _unsound_optimizers(gm: torch.fx.GraphModule) -> tuple[str, ...]:
             if any(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
                 return ("MatmulTransposeFusion",)
     return ()
-
-
-#: (class, from_torchlib's arguments, ops registered with torch) -> the registry built
-_REGISTRIES: dict = {}
-
-
-@contextlib.contextmanager
-def _registry_once():
-    """``torch.onnx.export`` builds its registry of ATen -> ONNX translations afresh on
-    every call (about 1 s: onnxscript's torchlib walked, every op looked up), and arbiter
-    exports once per partition and per candidate. Within this block the registry is built
-    once per process and every export gets its own copy of it (a dict of lists: an
-    exporter that adds custom translations changes only its copy). Key: the arguments and
-    the number of operators registered with torch (a library loaded since, with ops
-    torchlib translates, gets a new registry, as it would have). Where the registry holds
-    more than the two fields copied (another torch), nothing is cached."""
-    try:
-        from torch.onnx._internal.exporter import _registration
-        real = _registration.ONNXRegistry.__dict__["from_torchlib"]
-        # another thread's export inside this block (a compile left running past
-        # compile_timeout_s): restore torch's own method, not that thread's stand-in
-        real = getattr(real.__func__, "_arbiter_real", real)
-        build = real.__func__
-    except Exception:  # noqa: BLE001 - another torch: its own registry every time
-        yield
-        return
-    ops = len(torch._C._dispatch_get_all_op_names())
-
-    def from_torchlib(cls, *args, **kwargs):
-        key = (cls, args, tuple(sorted(kwargs.items())), ops)
-        base = _REGISTRIES.get(key)
-        if base is None:
-            base = build(cls, *args, **kwargs)
-            if set(vars(base)) != {"_opset_version", "functions"}:
-                return base
-            _REGISTRIES.clear()  # one kept: the ops count only grows
-            _REGISTRIES[key] = base
-        copy = cls.__new__(cls)
-        copy._opset_version = base._opset_version
-        copy.functions = {k: list(v) for k, v in base.functions.items()}
-        return copy
-
-    from_torchlib._arbiter_real = real
-    _registration.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
-    try:
-        yield
-    finally:
-        _registration.ONNXRegistry.from_torchlib = real
-
-
-def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
-                dynamic: bool = False):
-    """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter;
-    ``dynamic``: symbolic dimensions from the graph's symbols (backends/_export.py)."""
-    with quiet(), _registry_once():
-        # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
-        # strict export would run Dynamo inside the user's compiled call
-        exported = export_program(gm, args, dynamic=dynamic)
-        program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
-                                    verbose=False, report=False)
-    return program.model_proto
 
 
 # -- lower precision (docs/precision.md) ------------------------------------------------
@@ -548,12 +483,31 @@ def _to_int8(model, per_channel: bool):
     with tempfile.TemporaryDirectory(prefix="arbiter-int8-") as tmp, quiet(), \
             _no_root_warnings():
         out = os.path.join(tmp, "int8.onnx")
+        # Without VNNI (AVX2 only) the u8 x s8 kernels add pairs of products in int16,
+        # which saturates: 7-bit weights avoid it (onnxruntime.quantization's
+        # reduce_range). Seen here on an AVX2-only AMD EPYC: error 0.21 against 0.03.
         quantize_dynamic(model, out, op_types_to_quantize=["MatMul", "Gemm"],
-                         per_channel=per_channel, weight_type=QuantType.QInt8)
+                         per_channel=per_channel, weight_type=QuantType.QInt8,
+                         reduce_range=not _has_vnni())
         quantized = onnx.load(out)
     if not any(n.op_type in _INT8_OPS for n in quantized.graph.node):
         raise RuntimeError("precision int8: quantize_dynamic quantized no MatMul/Gemm")
     return quantized
+
+
+@functools.lru_cache(maxsize=None)
+def _has_vnni() -> bool:
+    """Whether this x86 CPU has VNNI (int8 dot products without int16 saturation);
+    True elsewhere (ARM's int8 dot products do not saturate either)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+    except OSError:
+        return False  # unknown: 7-bit weights are safe everywhere
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 @contextlib.contextmanager

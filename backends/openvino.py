@@ -36,8 +36,9 @@ from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, bounded_threads, register_backend
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
-from ._nonfinite import ExactNonfinite
 from ._export import Runner, check_inputs, export_program, outputs_of, quiet
+from ._nonfinite import ExactNonfinite
+from ._openvino_checks import VALIDATORS
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,11 @@ class OvOptions(BaseModel):
         "NaN (measured by `arbiter probe`, which feeds those: relu(NaN) and maximum(NaN, 0) "
         "are 0, exp(NaN) is inf, NaN > x is true, softmax of a row with NaN is 0; eager "
         "says NaN or false). `guard` (default): taken, and a partition holding one checks "
-        "its floating inputs on every call and runs a call with NaN or inf in eager (a NaN "
-        "arising inside the partition, or in its weights, is not caught); true: refused "
-        "(exact, but ResNet-50 under cpu_all splits into 42 partitions); false: taken, "
-        "unchecked")
+        "its floating inputs on every call, and the values made inside it by ops that can "
+        "make NaN or inf of finite numbers (0 / 0, log(-1)) when those ops feed one, and "
+        "runs a call with NaN or inf there in eager (a NaN from an overflow of ordinary "
+        "arithmetic, or in the weights, is not caught); true: refused (exact, but "
+        "ResNet-50 under cpu_all splits into 42 partitions); false: taken, unchecked")
     device: str = Field("CPU", description="OpenVINO device: a name OpenVINO has a plugin "
                         "for (CPU, GPU, NPU, AUTO, HETERO, MULTI, BATCH), optionally `.N` "
                         "or `:DEV,DEV` (`AUTO:GPU,CPU`); another is a config error. One "
@@ -124,30 +126,6 @@ _TORCH_TO_OV = {
 }
 
 
-def _cat_of_legacy_empty(node) -> Optional[str]:
-    # torch.cat skips 1-D empty tensors whatever the other inputs' rank (a legacy rule
-    # transformers' DynamicCache relies on: GPT-2's first key/value cat); OpenVINO's
-    # Concat rejects them: "Axis -2 out of the tensor rank range [-1, 0]".
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors", ())
-    vals = [t.meta.get("val") if isinstance(t, torch.fx.Node) else None for t in tensors]
-    ranks = {v.dim() for v in vals if isinstance(v, torch.Tensor)}
-    if len(ranks) > 1 and any(isinstance(v, torch.Tensor) and tuple(v.shape) == (0,)
-                              for v in vals):
-        return "cat of a 1-D empty tensor with tensors of higher rank (OpenVINO's Concat rejects it)"
-    return None
-
-
-def _full_variance(node) -> Optional[str]:
-    # Measured (openvino 2026.4, `arbiter probe openvino --ops var std`): a variance over
-    # every dimension with a correction is wrong (error 0.007 on a 5x5x5 tensor, 0.195 on
-    # OpInfo's sample); over given dimensions, and with correction 0, it is right.
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    correction = node.kwargs.get("correction", 1)
-    if dim in (None, []) and correction != 0:
-        return "variance over all dimensions with a correction is computed wrongly"
-    return None
-
-
 #: Ops whose results differ from eager when an input holds NaN (openvino 2026.4, CPU,
 #: float32; `arbiter probe openvino --dtypes float32`, which feeds NaN, +-inf, -0.0 and
 #: huge values one kind at a time, and single values by hand, 2026-11-23): a NaN vanishes
@@ -196,10 +174,6 @@ def _to_bool(node) -> Optional[str]:
     return None
 
 
-_VALIDATORS = {"aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
-               "aten.concatenate.default": _cat_of_legacy_empty,
-               "aten.var.correction": _full_variance, "aten.std.correction": _full_variance,
-               "aten.var_mean.correction": _full_variance}
 _NONFINITE_CHECKS = {**nonfinite_validators(_NONFINITE, "openvino"), "aten._to_copy": _to_bool}
 
 
@@ -209,8 +183,17 @@ class OpenVino(ExactNonfinite, Backend):
     color = "#b07aa1"  # fixed in every report (arbiter/report/html.py)
     Options = OvOptions
     install_hint = "pip install 'torch-arbiter[openvino]'"
-    own_validators = _VALIDATORS
+    own_validators = VALIDATORS
     nonfinite_checks = _NONFINITE_CHECKS
+    # The CPU plugin holds every integer in 32 bits, inputs included: cat, where, add,
+    # mul, sum, cumsum and comparisons of int64 values past +-2**31 come back wrong
+    # (arbiter probe openvino --edges). An embedding's indices index its table, which
+    # is far smaller; an embedding bag's int64 outputs (offset2bag, bag_size,
+    # max_indices) are positions and counts below its number of indices.
+    narrow_dtypes = {torch.int64: "openvino's CPU plugin computes int64 in 32 bits "
+                                  "(wrong past +-2**31)"}
+    narrow_dtype_ops = frozenset({"aten.embedding.default", "aten._embedding_bag.default",
+                                  "aten._embedding_bag_forward_only.default"})
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -245,6 +228,10 @@ class OpenVino(ExactNonfinite, Backend):
         return f"openvino {openvino.__version__}"
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
+        # under exact_nonfinite guard, NaN made inside the partition is checked too
+        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+
+    def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         import openvino as ov
 
         dynamic = graph_is_symbolic(gm)

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from arbiter.registry import Backend, register_backend
 
 from ._export import Runner, check_inputs, outputs_of
-from .onnxruntime import _VALIDATORS as _EXPORT_VALIDATORS
+from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS
 from .onnxruntime import OnnxRuntime, export_onnx
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ class TensorRT(Backend):
                     "or `pip install tensorrt` on a datacenter GPU)")
     # the same ONNX export as ONNX Runtime, so the same exporter defects (ONNX Runtime's
     # non-finite refusals are its runtime's, not TensorRT's: never probed here)
-    validators = dict(_EXPORT_VALIDATORS)
+    validators = dict(EXPORT_VALIDATORS)
     _threads: Optional[int] = None
     _gpu_allocator: Any = None
 
@@ -301,7 +301,7 @@ class TensorRT(Backend):
         return f"{trt.__name__} {trt.__version__}, onnxscript {onnxscript.__version__}"
 
     def cache_parts(self) -> dict:
-        parts = super().cache_parts()
+        parts = {**super().cache_parts(), "export": EXPORT_REVISION}
         if torch.cuda.is_available():  # an engine is built for one GPU architecture
             i = torch.cuda.current_device()
             parts["device"] = f"{torch.cuda.get_device_name(i)} sm{torch.cuda.get_device_capability(i)}"

@@ -365,20 +365,6 @@ def render(results: dict[str, list[Contender]], args, started: str, load0, load1
     return "\n".join(lines)
 
 
-def other_busy_processes() -> int:
-    """Processes of other sessions using CPU now (ps, >= 5% CPU), this one excluded."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["ps", "-eo", "pid,pcpu"], capture_output=True, text=True,
-                             timeout=10).stdout.splitlines()[1:]
-    except (OSError, subprocess.SubprocessError):
-        return -1
-    me = os.getpid()
-    return sum(1 for ln in out if len(ln.split()) == 2 and int(ln.split()[0]) != me
-               and float(ln.split()[1]) >= 5.0)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
@@ -420,6 +406,8 @@ def main(argv=None) -> int:
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    from arbiter.cli.timing import other_busy_processes  # parent only: imports no torch
+
     load0, others = os.getloadavg(), other_busy_processes()
     t_start = time.perf_counter()
     results: dict[str, list[Contender]] = {}

@@ -91,6 +91,21 @@ def off_where(target, by: float = 0.1) -> Callable:
     return compile
 
 
+def run_cli(argv: list[str], capsys) -> tuple[str, str]:
+    """``arbiter ARGV`` in this process, Dynamo reset around it: (stdout, stderr); it must
+    succeed."""
+    from arbiter.cli import main
+
+    torch._dynamo.reset()
+    try:
+        rc = main(argv)
+    finally:
+        torch._dynamo.reset()
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out, err
+
+
 def write_manifest(directory: Path, name: str, ops: list[str], *,
                    dynamic: bool = False, extra: str = "") -> Path:
     path = directory / f"{name}.yaml"
@@ -120,6 +135,17 @@ def _arbiter_cache_dir(tmp_path_factory):
         os.environ.pop("ARBITER_CACHE_DIR", None)
     else:
         os.environ["ARBITER_CACHE_DIR"] = saved
+
+
+@pytest.fixture(autouse=True)
+def _forget_findings():
+    """What a test's first-use checks found (arbiter/findings.py: process-wide, and in
+    the session's cache) does not reach the next test, whose backends of the same name
+    may compute otherwise."""
+    yield
+    from arbiter.findings import findings
+
+    findings().forget()
 
 
 @pytest.fixture

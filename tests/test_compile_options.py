@@ -63,7 +63,7 @@ def test_dryrun_option_plans_without_compiling(fresh_dynamo):
     ({"polcy": "cost"}, "polcy", "did you mean 'policy'"),
     ({"policy": "fastest"}, "policy", "valid: "),
     ({"backends": ["onnxruntim"]}, "backends[0].name", "did you mean 'onnxruntime'"),
-    ({"verify": {"mode": "always"}}, "verify.mode", "'off', 'first' or 'every'"),
+    ({"verify": {"mode": "always"}}, "verify.mode", "'off', 'unverified', 'first' or 'every'"),
     ({"dryrun": "yes"}, "dryrun", "true or false"),
     ({"pin": {"aten.softmax": "tensorrt"}}, "pin['aten.softmax']", "not in this config"),
 ])

@@ -104,15 +104,22 @@ def test_every_fault_in_one_chain(make_backend, fresh_dynamo):
 
 
 def test_wrong_numbers_pass_unseen_without_verify(make_backend, fresh_dynamo):
-    """What verify is for: without it, a backend returning wrong numbers of the right
-    shape and dtype is not detected (the report shows it ran, with no checks)."""
+    """What verify is for: with `verify: off`, a backend returning wrong numbers of the
+    right shape and dtype is not detected (the report shows it ran, with no checks).
+    The default (`unverified`) checks it, since its ops are only declared."""
     make_backend("liar", OPS, compile=FAULTS["wrong_numbers"][0])
-    be = arbiter.Arbiter({"backends": ["liar"], "min_block_size": 1})
+    be = arbiter.Arbiter({"backends": ["liar"], "min_block_size": 1,
+                          "verify": {"mode": "off"}})
     x = torch.randn(4, 4)
     out = torch.compile(f, backend=be)(x)
     assert not torch.allclose(out, f(x))
     (p,) = _parts(be)
     assert p.backend == "liar" and p.verify_checks == 0
+    torch._dynamo.reset()
+    checked = arbiter.Arbiter({"backends": ["liar"], "min_block_size": 1})
+    torch.testing.assert_close(torch.compile(f, backend=checked)(x), f(x))
+    (p,) = _parts(checked)
+    assert p.backend == "eager" and p.verify_checks == 1 and p.fallbacks[0].stage == "verify"
 
 
 def test_fault_in_training_backward(make_backend, fresh_dynamo):

@@ -20,8 +20,8 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 #: Low to high. A module may import its own layer (no cycles) and the ones below.
 LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes", "arbiter.yamlsrc",
-     "arbiter.decompose"),
-    ("arbiter.manifest", "arbiter.cache"),
+     "arbiter.decompose", "arbiter.decompose_fused"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
     ("arbiter.registry",),
     ("arbiter.capability",),
     ("arbiter.plan",),

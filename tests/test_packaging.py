@@ -81,6 +81,7 @@ def test_wheel_ships_types_schemas_license_and_the_layout_library(tmp_path):
         meta = z.read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
     for name in ("arbiter/py.typed", "arbiter/config.schema.json",
                  "arbiter/report/report.schema.json", "arbiter/report/vendor/dagre.min.js",
+                 "arbiter/report/page.js", "arbiter/report/page.css",
                  "arbiter/capabilities/onnxruntime.yaml", "arbiter/configs/default.yaml"):
         assert name in names, name
     assert any(n.endswith("dist-info/licenses/LICENSE") for n in names)
@@ -121,3 +122,28 @@ def test_bad_manifest_keys_are_located_errors(manifests, words, tmp_path):
     with pytest.raises(arbiter.ConfigError) as info:
         arbiter.load_config({"backends": ["onnxruntime"], "manifests": manifests})
     assert words in str(info.value) and info.value.key.startswith("manifests")
+
+
+def test_every_shipped_folder_is_a_listed_package():
+    """Before: `pip install -e .` warned that `arbiter.report.vendor` (dagre.min.js) was
+    "absent from the packages configuration": setuptools ships a folder's files only as a
+    package of its own. Every folder under the package's sources (the package-dir map) must
+    be in `packages`, and package-data globs stay inside their package."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = set(tool["packages"])
+    folders = set()
+    for name, src in tool["package-dir"].items():
+        for d in [ROOT / src, *(ROOT / src).rglob("*")]:
+            if d.is_dir() and d.name != "__pycache__" and any(
+                    f.is_file() and f.suffix != ".pyc" for f in d.iterdir()):
+                rel = d.relative_to(ROOT / src).parts
+                dotted = ".".join((name, *rel))
+                if not any(dotted.startswith(other + ".") and other != name
+                           for other in tool["package-dir"]):  # mapped elsewhere
+                    folders.add(dotted)
+    assert folders <= packages, f"folders not in [tool.setuptools] packages: {folders - packages}"
+    for pkg, globs in tool["package-data"].items():
+        assert pkg in packages
+        assert not [g for g in globs if "/" in g], f"{pkg}: a glob into a sub-folder {globs}"

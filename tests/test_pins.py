@@ -190,3 +190,37 @@ def test_readme_old_pin_would_have_warned(op, fresh_dynamo):
     with torch.no_grad(), pytest.warns(UserWarning, match="did you mean aten._softmax"):
         torch.compile(_Readme().eval(), backend=arbiter.Arbiter(cfg, dry_run=True))(
             torch.randn(2, 16))
+
+
+def _rule_warnings(cfg: dict, backward: bool) -> list[warnings.WarningMessage]:
+    """Warnings of a forward with gradients on (a training graph), with or without the
+    backward call."""
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(m, backend=arbiter.Arbiter({**TWO, **cfg}, dry_run=True))(
+            torch.randn(2, 8))
+        if backward:
+            out.sum().backward()
+    return [w for w in caught if "arbiter:" in str(w.message)]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_rule_naming_no_op_warns_without_a_backward_too(backward, fresh_dynamo):
+    """Before: with gradients on and no backward call the forward graph waited for its
+    backward graph, which never compiled: no warning."""
+    ours = _rule_warnings({"pin": {"aten.softmax": "inductor"}}, backward)
+    assert len(ours) == 1, [str(w.message) for w in ours]  # once, with or without backward
+    msg = str(ours[0].message)
+    assert "pin aten.softmax -> inductor applies to no node" in msg
+    assert "(forward) and its backward" in msg  # judged at the forward, its backward seen
+    assert "aten.threshold_backward" in msg     # the ops listed include the backward's
+    assert Path(ours[0].filename).name == "test_pins.py"
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_rule_naming_a_backward_op_does_not_warn(backward, fresh_dynamo):
+    """The forward has no threshold_backward; its backward graph (made by AOTAutograd
+    with the forward, compiled at the first backward) does: no warning either way."""
+    assert _rule_warnings({"pin": {"aten.threshold_backward": "inductor"},
+                           "exclude_ops": ["aten.threshold_backward"]}, backward) == []

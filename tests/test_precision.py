@@ -97,8 +97,9 @@ def test_variant_within_a_loose_tolerance_is_chosen(make_backend, fresh_dynamo, 
     assert not g.accuracy.rejected and 0 < g.accuracy.errors[label] <= 5e-2
     assert g.candidates_ms[label] < g.candidates_ms["priority"]  # f32 sleeps 50 ms
     if policy == "measure":  # eager itself may beat both on a tiny graph
-        measured = {k: v for k, v in g.candidates_ms.items() if v is not None}
-        assert g.candidates_ms[g.chosen] == min(measured.values())
+        # never the plan that sleeps 50 ms; not necessarily the least time recorded: a
+        # refined or mixed plan must beat the best by a margin, twice
+        assert g.candidates_ms[g.chosen] < 0.5 * g.candidates_ms["priority"], g.candidates_ms
         if g.chosen != label:
             return
     assert g.chosen == label

@@ -56,7 +56,7 @@ def test_ops_coverage_and_placement(split_report):
     assert g.coverage["onnxruntime"] == round(100 * (g.nodes - excluded) / g.nodes, 1)
     # a dry run's placement is the plan, kept apart from what runs
     assert g.planned == {"eager": excluded, "onnxruntime": g.nodes - excluded} and not g.placement
-    assert split_report.summary() == ("1 graph(s), 7 partition(s); planned: onnxruntime 94%, "
+    assert split_report.summary() == ("1 graph, 7 partitions; planned: onnxruntime 94%, "
                                       "eager 6%; fallbacks: 0; graph breaks: 0")
 
 
@@ -169,7 +169,7 @@ def test_text_fits_100_columns(split_report):
     assert text.splitlines()[0].startswith(" side by side") or "side by side" in text
     assert max(len(line) for line in text.splitlines()) <= 100
     one = render(split_report).splitlines()
-    assert one[0].startswith("[dry run] 1 graph(s), 7 partition(s)")
+    assert one[0].startswith("[dry run] 1 graph, 7 partitions")
     assert "[at " not in one[0]
 
 

@@ -5,11 +5,11 @@ import json
 import textwrap
 
 import pytest
-import torch
 
 from arbiter.cli import main
 from arbiter.report import Report
 from arbiter.report.schema import schema
+from conftest import run_cli
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (test extra) missing")
 
@@ -33,15 +33,7 @@ USER_MODEL = textwrap.dedent("""\
     """)
 
 
-def _run(argv, capsys):
-    torch._dynamo.reset()
-    try:
-        rc = main(argv)
-    finally:
-        torch._dynamo.reset()
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    return out, err
+_run = run_cli
 
 
 @pytest.mark.parametrize("model", ["mlp", "encoder_block", "small_cnn", "gpt2_tiny"])
@@ -66,7 +58,8 @@ def test_user_file_compiled_timed(tmp_path, capsys):
     path = tmp_path / "user_model.py"
     path.write_text(USER_MODEL)
     js = tmp_path / "u.json"
-    out, err = _run(["report", f"{path}:build", "--time", "5", "--json", str(js)], capsys)
+    out, err = _run(["report", f"{path}:build", "--inference", "--time", "5", "--json", str(js)],
+                    capsys)
     rep = Report.model_validate_json(js.read_text())
     jsonschema.validate(json.loads(js.read_text()), schema())
     assert rep.graph_breaks.breaks == 1 and "graph_break" in rep.graph_breaks.reasons[0]

@@ -67,6 +67,8 @@ SESSIONS = """
         env_allocators = ""
     print(json.dumps({{"torch_threads": torch.get_num_threads(),
                       "env_allocators": env_allocators,
+                      "spinning": so.get_session_config_entry(
+                          "session.intra_op.allow_spinning"),
                       "per_session_threads": so.use_per_session_threads,
                       "added_threads": status("Threads") - before,
                       "rss_growth_mb": (status("VmRSS") - rss0) / 1024,
@@ -83,19 +85,19 @@ def sessions(resources: str, n: int) -> dict:
 def test_budget_sets_torch_threads_and_one_ort_pool_without_workers():
     got = sessions("{'threads': 1}", 10)
     assert got["torch_threads"] == 1
-    # ORT owns the spin (auto, first backend): one global pool of 1 thread has no
-    # workers, however many sessions there are
+    # a pool of 1 thread per session has no workers, however many sessions there are
     assert got["added_threads"] == 0, got
     res = got["report"]
     assert res["budget"]["threads"] == 1 and res["budget"]["spin"] == "onnxruntime"
-    assert res["onnxruntime"]["pool"] == "global, 1 thread(s)"
+    assert res["onnxruntime"]["pool"].startswith("per session, 1 thread(s)")
+    assert got["per_session_threads"] is True and got["spinning"] == "0"  # no worker
     assert res["onnxruntime"]["arena"].startswith("one, shared")
 
 
 def test_without_the_spin_ort_sessions_get_the_budget_with_spinning_off():
     got = sessions("{'threads': 2, 'spin': 'none'}", 3)
-    assert got["report"]["onnxruntime"]["pool"] == "per session, 2 thread(s), spinning off"
-    assert got["per_session_threads"] is True
+    assert got["report"]["onnxruntime"]["pool"].startswith("per session, 2 thread(s)")
+    assert got["per_session_threads"] is True and got["spinning"] == "0"
     assert got["added_threads"] == 3, got  # one worker per session, sleeping when idle
 
 
@@ -107,13 +109,15 @@ def test_spin_auto_goes_to_the_first_backend():
     assert resolve(ResourcesOptions(spin="none"), "onnxruntime").spin == "none"
     got = sessions("{'threads': 2}", 3)  # auto, ONNX Runtime first: its pool gets 2 threads
     assert got["report"]["budget"]["spin"] == "onnxruntime"
-    assert got["report"]["onnxruntime"]["pool"] == "global, 2 thread(s)"
+    assert got["spinning"] == "1" and got["per_session_threads"] is True
 
 
-def test_spin_owner_gets_the_global_pool_and_uncoordinated_sessions_each_get_one():
+def test_spin_owner_s_sessions_spin_in_their_own_pools_and_uncoordinated_ones_too():
     spin = sessions("{'threads': 2, 'spin': 'onnxruntime'}", 6)
-    assert spin["report"]["onnxruntime"]["pool"] == "global, 2 thread(s)"
-    assert spin["added_threads"] == 1, spin  # one worker for the whole process
+    assert spin["spinning"] == "1" and spin["per_session_threads"] is True
+    # a pool per session (ONNX Runtime's global pool would break other code's sessions):
+    # one worker each
+    assert spin["added_threads"] == 6, spin
     alone = sessions("{'coordinate': False}", 6)
     assert alone["report"]["onnxruntime"]["coordinated"] is False
     assert alone["added_threads"] >= 6, alone  # ORT's default: a pool per session
@@ -122,7 +126,7 @@ def test_spin_owner_gets_the_global_pool_and_uncoordinated_sessions_each_get_one
 def test_shared_arena_is_used_and_keeps_memory_flat():
     shared = sessions("{'threads': 1}", 10)
     separate = sessions("{'threads': 1, 'shared_arena': False}", 10)
-    assert shared["env_allocators"] == "1" and shared["per_session_threads"] is False
+    assert shared["env_allocators"] == "1" and shared["per_session_threads"] is True
     assert separate["env_allocators"] == ""
     assert separate["report"]["onnxruntime"]["arena"] == "per session"
     # each session's own arena keeps its 4 MiB intermediates; the shared one is reused
@@ -144,8 +148,47 @@ def test_budget_is_applied_once_and_a_different_second_config_warns():
     assert got["same"] == 0
     assert len(got["msgs"]) == 1
     assert "threads=2 (in force: 1)" in got["msgs"][0]
-    assert "cannot change" in got["msgs"][0]
+    assert "stay" in got["msgs"][0]
     assert got["torch_threads"] == 1
+
+
+def test_the_user_s_own_sessions_still_work_after_arbiter_compiled():
+    """A good guest: after arbiter compiled (and ran) an inference model, a plain
+    onnxruntime.InferenceSession of the user's (or another library's), with default
+    options and with its own intra_op_num_threads, is made and runs in the same process;
+    arbiter's own sessions keep the budget (their pool size) and its spin. A second
+    config with another `spin` warns about nothing."""
+    got = run_py("""
+        import json, warnings, numpy as np, onnxruntime as ort, torch, arbiter
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            be = arbiter.Arbiter({"backends": ["onnxruntime"], "against_eager": "off",
+                                  "resources": {"threads": 2}})
+            ok = torch.allclose(torch.compile(m, backend=be)(x), m(x), atol=1e-6)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                other = arbiter.Arbiter({"backends": ["onnxruntime"],
+                                         "resources": {"threads": 2, "spin": "none"}})
+                other.apply_resources()
+        mine = be.backends["onnxruntime"].make_session(model_bytes(64))
+        opts = mine.get_session_options()
+        a = np.random.rand(64, 64).astype(np.float32)
+        plain = ort.InferenceSession(model_bytes(64), providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        sized = ort.InferenceSession(model_bytes(64), so, providers=["CPUExecutionProvider"])
+        want = -np.maximum(a @ a, 0)
+        outs = [s.run(None, {"x": a})[0] for s in (plain, sized, mine)]
+        print(json.dumps({"ok": ok, "equal": [bool(np.allclose(o, want, atol=1e-4)) for o in outs],
+                          "threads": opts.intra_op_num_threads,
+                          "spinning": opts.get_session_config_entry("session.intra_op.allow_spinning"),
+                          "other_spins": other.backends["onnxruntime"]._spins(),
+                          "warnings": [str(x.message) for x in w]}))
+    """)
+    assert got["ok"] and got["equal"] == [True, True, True], got
+    assert got["threads"] == 2 and got["spinning"] == "1", got  # the budget holds
+    assert got["other_spins"] is False and not got["warnings"], got
 
 
 def test_config_errors_name_the_key_and_what_is_valid():
@@ -288,7 +331,8 @@ def test_spin_auto_decides_at_the_first_graph_whether_it_trains(trains, spin):
             with torch.no_grad():
                 torch.compile(m, backend=be)(x)
         r = be.report(advice=False).resources
-        print(json.dumps({{"spin": r["budget"]["spin"], "ort": r["onnxruntime"]}}))
+        spins = be.backends["onnxruntime"]._spins()
+        print(json.dumps({{"spin": r["budget"]["spin"], "spins": spins}}))
     """)
     assert got["spin"] == spin, got
-    assert ("global" in got["ort"]["pool"]) is (spin == "onnxruntime"), got
+    assert got["spins"] is (spin == "onnxruntime"), got

@@ -138,10 +138,14 @@ def test_without_cuda_it_builds_and_plans_but_does_not_run(backend):
 
 @needs_no_cuda
 def test_arbiter_backends_says_what_runs_and_what_was_verified(trt, capsys):
-    assert main(["backends"]) == 0
-    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tensorrt")]
-    assert "builds and plans only: no CUDA device" in line
-    assert "built " in line  # the shipped manifest's entries: `verified: built`
+    assert main(["backends", "--width", "200"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (at,) = [k for k, ln in enumerate(lines) if ln.startswith("tensorrt ")]
+    row, why = lines[at], lines[at + 1]  # the reason is wrapped below its row
+    assert "plans only" in row
+    assert "built " in row  # the shipped manifest's entries: `verified: built`
+    assert why.startswith("  builds and plans (dry runs), cannot run here: ") and \
+        "no CUDA device" in why, why
 
 
 def test_build_only_probe_marks_entries_built(backend):

@@ -1,6 +1,6 @@
-"""`arbiter cache {list,size,clear}`: the persistent cache's entries (docs/cache.md).
+"""`arbiter cache [list|size|clear]`: the persistent cache's entries (docs/cache.md).
 
-    arbiter cache list  [--dir D | --config C] [--kind onnx]   entries, newest use first
+    arbiter cache [list] [--dir D | --config C] [--kind onnx]  entries, newest use first
     arbiter cache size  [--dir D | --config C]                 total, per kind, the limit
     arbiter cache clear [--dir D | --config C] [--kind onnx]   remove entries
 
@@ -16,28 +16,23 @@ import sys
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("action", choices=("list", "size", "clear"),
-                        help="list entries, show their total size, or remove them")
+    parser.add_argument("action", choices=("list", "size", "clear"), nargs="?",
+                        default="list",
+                        help="list entries (the default), show their total size, or "
+                             "remove them")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--dir", default=None, help="the cache directory")
     where.add_argument("--config", default=None,
                        help="a config (path or shipped name) whose cache.dir to use")
     parser.add_argument("--kind", default=None,
-                        help="only entries of this kind (onnx, decision)")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+                        help="only entries of this kind (onnx, decision, finding, ...)")
 
 
 def run(args) -> int:
     from pathlib import Path
 
     from ..cache import DEFAULT_MAX_BYTES, default_dir, entries, untrusted
+    from ..report.cells import human_bytes as _human, plural
 
     limit = DEFAULT_MAX_BYTES
     if args.dir is not None:
@@ -62,15 +57,18 @@ def run(args) -> int:
             used = datetime.datetime.fromtimestamp(e.mtime_ns / 1e9).isoformat(
                 sep=" ", timespec="seconds")
             print(f"{e.kind:<10} {e.key[:16]}  {_human(e.size):>10}  {used}  {e.path}")
-        print(f"{len(found)} entries, {_human(sum(e.size for e in found))} in {directory}")
+        print(f"{plural(len(found), 'entry', 'entries')}, "
+              f"{_human(sum(e.size for e in found))} in {directory}")
     elif args.action == "size":
         kinds: dict[str, list] = {}
         for e in found:
             kinds.setdefault(e.kind, []).append(e.size)
         for kind, sizes in sorted(kinds.items()):
-            print(f"{kind:<10} {len(sizes):>6} entries  {_human(sum(sizes)):>10}")
+            print(f"{kind:<10} {len(sizes):>6} {'entry  ' if len(sizes) == 1 else 'entries'}  "
+                  f"{_human(sum(sizes)):>10}")
         total = sum(e.size for e in found)
-        print(f"total      {len(found):>6} entries  {_human(total):>10} of "
+        print(f"total      {len(found):>6} {'entry  ' if len(found) == 1 else 'entries'}  "
+              f"{_human(total):>10} of "
               f"{_human(limit)} (cache.max_size_gb) in {directory}")
     else:
         removed = 0
@@ -80,5 +78,6 @@ def run(args) -> int:
                 removed += e.size
             except OSError as exc:
                 print(f"cannot remove {e.path}: {exc}", file=sys.stderr)
-        print(f"removed {len(found)} entries ({_human(removed)}) from {directory}")
+        print(f"removed {plural(len(found), 'entry', 'entries')} ({_human(removed)}) from "
+              f"{directory}")
     return 0

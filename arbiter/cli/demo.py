@@ -1,40 +1,54 @@
-"""``arbiter demo``: a real model split across backends, its report and its speed.
+"""`arbiter demo`: a real model split across backends, its report and its speed.
 
 Compiles the model with the given config (the embedded default if none) twice: for
 inference (weights frozen into the pieces) and for training (forward and backward
 graphs). Checks outputs and gradients against eager, prints the capability report, and
-times eager against arbiter (medians of interleaved rounds, this machine's load shown).
+times eager against arbiter as the benches do: interleaved rounds, each side's median and
+spread, this machine's load; on a machine too busy to time it says so instead of giving a
+ratio (arbiter/cli/timing.py).
 """
 from __future__ import annotations
 
 import copy
 import os
-import statistics
 import time
 from typing import Any
 
-import torch
+
+def add_arguments(parser) -> None:
+    from .models import MODEL_ARG, models_epilog
+
+    parser.epilog = models_epilog()
+    parser.add_argument("--model", default="gpt2_tiny", metavar="MODEL",
+                        help=f"{MODEL_ARG}; default gpt2_tiny")
+    parser.add_argument("--config", default=None,
+                        help="config file or shipped name (default, cpu, cpu_all); default: "
+                             "the embedded default config")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved timing rounds of eager and arbiter (default 5)")
+    parser.add_argument("--round-s", type=float, default=0.5, metavar="S",
+                        help="about how many seconds each side runs per round (default 0.5)")
 
 
-def _median_ms(fn, rounds: int, inner: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - start) / inner * 1e3)
-    return statistics.median(samples)
+def run(args) -> int:
+    return run_demo(args.model, args.config, rounds=args.rounds, round_s=args.round_s)
 
 
 def _max_err(a: Any, b: Any) -> float:
+    import torch
+
     if isinstance(a, torch.Tensor):
         return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
     return max((_max_err(x, y) for x, y in zip(a, b)), default=0.0)
 
 
-def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5) -> int:
+def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5,
+             round_s: float = 0.5) -> int:
+    import torch
+
     from ..arbiter import Arbiter
     from .examples import load_model
+    from .timing import comparison, interleaved
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     model, inputs = load_model(model_name)
@@ -55,16 +69,11 @@ def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5)
         for _ in range(3):  # warm up both
             model(*inputs)
             compiled(*inputs)
-        inner = max(1, int(200 / max(0.01, _median_ms(lambda: model(*inputs), 3, 1))))
-        eager_ms, arb_ms = [], []
-        for _ in range(rounds):  # interleaved rounds: both see the same machine load
-            eager_ms.append(_median_ms(lambda: model(*inputs), 1, inner))
-            arb_ms.append(_median_ms(lambda: compiled(*inputs), 1, inner))
-    e, a = statistics.median(eager_ms), statistics.median(arb_ms)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"\n-- speed ({rounds} interleaved rounds x {inner} calls, {torch.get_num_threads()} "
-          f"threads, load avg {load:.2f}): eager {e:.3f} ms, arbiter {a:.3f} ms, "
-          f"ratio {a / e:.2f} (below 1 is faster)")
+        timed, load = interleaved({"eager": lambda: model(*inputs),
+                                   "arbiter": lambda: compiled(*inputs)},
+                                  rounds=rounds, round_s=round_s)
+    print("\n-- " + comparison(timed, load, "eager", "arbiter",
+                               note=f", {torch.get_num_threads()} torch threads"))
 
     # -- training -----------------------------------------------------------------
     model.train()

@@ -1,7 +1,9 @@
 """Built-in example models: ``name -> factory() -> (model, example_inputs)``.
 
 The small ones need only torch; the transformer models are built from transformers
-configs with random weights (nothing is downloaded).
+configs with random weights (nothing is downloaded). Every factory returns its model in
+eval mode: the CLI traces a model as it is (``model.training``), so ``arbiter explain`` and
+``arbiter report`` plan the built-ins for inference unless told ``--train``.
 """
 from __future__ import annotations
 
@@ -73,17 +75,17 @@ class SmallCNN(nn.Module):
 
 def mlp():
     torch.manual_seed(0)
-    return SeedMLP(), (torch.randn(8, 32),)
+    return SeedMLP().eval(), (torch.randn(8, 32),)
 
 
 def encoder_block():
     torch.manual_seed(0)
-    return EncoderBlock(), (torch.randn(2, 16, 64),)
+    return EncoderBlock().eval(), (torch.randn(2, 16, 64),)
 
 
 def small_cnn():
     torch.manual_seed(0)
-    return SmallCNN(), (torch.randn(2, 3, 32, 32),)
+    return SmallCNN().eval(), (torch.randn(2, 3, 32, 32),)
 
 
 def gpt2_tiny():
@@ -94,7 +96,7 @@ def gpt2_tiny():
     cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
                      bos_token_id=0, eos_token_id=0)
     model = GPT2Model(cfg)
-    return _HFWrapper(model), (torch.randint(0, 1000, (1, 32)),)
+    return _HFWrapper(model).eval(), (torch.randint(0, 1000, (1, 32)),)
 
 
 class _HFWrapper(nn.Module):

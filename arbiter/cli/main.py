@@ -1,13 +1,17 @@
-"""The ``arbiter`` command.
+"""arbiter: one torch.compile backend that splits ATen graphs across backends, and says
+what ran where.
 
     arbiter backends                     every backend: available?, why not, version
     arbiter explain MODEL [--config C]   the plan for a model, without compiling
+    arbiter report MODEL [--html P]      compile, run, and report what ran where
     arbiter demo [--model M] [--config C]  compile a model, check it, show report and speed
+    arbiter cache [list|size|clear]      the persistent cache
     arbiter manifest BACKEND [--write]   (re)generate a backend's capability manifest
+    arbiter probe BACKEND [--write]      check a backend's manifest with PyTorch's OpInfo
     arbiter schema [--report] [--write]  the config's JSON Schema (or the report's)
 
-MODEL is a built-in example (`arbiter explain --list`) or ``path/to/file.py:factory``,
-a function returning ``(model, example_inputs)``.
+MODEL is a built-in example (listed by `arbiter explain --help`) or path/to/file.py:factory,
+a function returning (model, example_inputs).
 """
 from __future__ import annotations
 
@@ -19,36 +23,18 @@ import sys
 from ..errors import ArbiterError
 
 
-def cmd_backends(args) -> int:
-    from ..registry import backend_names, get_backend_class
-
-    for name in backend_names():
-        cls = get_backend_class(name)
-        be = cls()
-        ok, why = be.available()
-        try:
-            size = cls.manifest().verification()  # and how its entries are known
-        except ArbiterError as exc:
-            size = f"manifest error: {exc}"
-        builds = not ok and be.plannable()[0]  # builds and plans, cannot run (TensorRT)
-        version = be.version() if ok or builds else ""
-        status = "available" if ok else f"builds and plans only: {why}" if builds else \
-            f"unavailable: {why}" + (f" (install: {cls.install_hint})" if cls.install_hint else "")
-        print(f"{name:<12} {status:<12} {size:<10} {version}")
-    return 0
-
-
 def cmd_explain(args) -> int:
     import torch
 
     from ..dryrun import explain
     from .examples import load_model
+    from .models import choose_mode
 
     model, inputs = load_model(args.model)
-    if args.inference and isinstance(model, torch.nn.Module):
-        model.eval()
-    with torch.no_grad() if args.inference else _null():
-        report = explain(model, *inputs, config=args.config)
+    train, line = choose_mode(model, args)
+    print(f"arbiter: {line}", file=sys.stderr)
+    with torch.enable_grad() if train else torch.no_grad():
+        report = explain(model, *inputs, config=args.config, backward=train)
     print(report)
     return 0
 
@@ -75,64 +61,96 @@ def cmd_schema(args) -> int:
     return schema_main(["--write"] if args.write else [])
 
 
-def cmd_demo(args) -> int:
-    from .demo import run_demo
-
-    return run_demo(args.model, args.config, rounds=args.rounds)
-
-
 # Subcommands that live in their own modules: each has ``add_arguments(parser)`` and
 # ``run(args) -> int`` and keeps heavy imports inside ``run``.
 _MODULE_COMMANDS = {
     "report": ("arbiter.cli.report", "capability report: tables, JSON, HTML"),
     "probe": ("arbiter.cli.probe", "verify a backend's manifest against PyTorch's OpInfo"),
     "cache": ("arbiter.cli.cache", "list, size or clear the persistent cache"),
+    "backends": ("arbiter.cli.backends", "list backends and whether they can run here"),
+    "demo": ("arbiter.cli.demo", "compile a model across backends; check it, report, speed"),
 }
 
 
-class _null:
-    def __enter__(self):
-        return self
+def _add_explain(sub, raw) -> None:
+    from .models import MODE_NOTE, MODEL_ARG, add_mode_arguments, fill, models_epilog
 
-    def __exit__(self, *a):
-        return False
+    p = sub.add_parser("explain", help="the partition plan for a model, without compiling",
+                       formatter_class=raw, epilog=models_epilog(), description=fill(
+                           "The partition plan for a model (arbiter.explain): Dynamo and "
+                           "AOTAutograd trace it once in eager, every graph is planned, "
+                           "nothing is compiled; prints the text report.", MODE_NOTE))
+    p.add_argument("model", metavar="MODEL", help=MODEL_ARG)
+    p.add_argument("--config", default=None,
+                   help="config file or shipped name (default, cpu, cpu_all); default: the "
+                        "embedded default config")
+    add_mode_arguments(p)
 
 
-def main(argv=None) -> int:
-    from .._version import __version__
-
-    parser = argparse.ArgumentParser(prog="arbiter", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"torch-arbiter {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("backends", help="list backends and whether they can run here")
-    p = sub.add_parser("explain", help="the partition plan for a model, without compiling")
-    p.add_argument("model")
-    p.add_argument("--config", default=None)
-    p.add_argument("--inference", action="store_true", help="model.eval(), traced under torch.no_grad()")
-    p = sub.add_parser("demo", help="compile a model across backends; report and speed")
-    p.add_argument("--model", default="gpt2_tiny")
-    p.add_argument("--config", default=None)
-    p.add_argument("--rounds", type=int, default=5)
+def _add_manifest(sub, raw) -> None:
     p = sub.add_parser("manifest", help="generate a backend's capability manifest")
     p.add_argument("backend")
     p.add_argument("--write", action="store_true", help="write capabilities/<backend>.yaml")
+
+
+def _add_schema(sub, raw) -> None:
     p = sub.add_parser("schema", help="the config's JSON Schema (editors complete YAML "
                                       "with it), or the report's")
     p.add_argument("--report", action="store_true", help="the JSON report's schema instead")
     p.add_argument("--write", action="store_true",
                    help="write docs/ and the package's copy instead of printing")
-    handlers = {"backends": cmd_backends, "explain": cmd_explain, "demo": cmd_demo,
-                "manifest": cmd_manifest, "schema": cmd_schema}
-    for name, (module_name, help_text) in _MODULE_COMMANDS.items():
+
+
+#: Commands in the order ``arbiter --help`` lists them.
+_ORDER = ("backends", "explain", "report", "demo", "cache", "probe", "manifest", "schema")
+_HANDLERS = {"explain": (_add_explain, cmd_explain), "manifest": (_add_manifest, cmd_manifest),
+             "schema": (_add_schema, cmd_schema)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .._version import __version__
+    from .models import models_epilog
+
+    raw = argparse.RawDescriptionHelpFormatter  # keeps the usage examples' lines
+    first, *_, model = __doc__.strip().split("\n\n")
+    parser = argparse.ArgumentParser(prog="arbiter", description=first, formatter_class=raw,
+                                     epilog=f"{model}\n\n{models_epilog()}")
+    parser.add_argument("--version", action="version", version=f"torch-arbiter {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for name in _ORDER:
+        if name in _HANDLERS:
+            _HANDLERS[name][0](sub, raw)
+            continue
+        module_name, help_text = _MODULE_COMMANDS[name]
         module = importlib.import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=help_text,
+        module.add_arguments(sub.add_parser(name, help=help_text, formatter_class=raw,
                                             description=module.__doc__))
-        handlers[name] = module.run
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+    except BrokenPipeError:
+        # `arbiter cache list | head`: the reader left; stop quietly, as `ls | head` does.
+        # stdout goes to /dev/null so that the interpreter's last flush cannot fail again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    handler = handlers[args.cmd]
+    handler = _HANDLERS[args.cmd][1] if args.cmd in _HANDLERS else \
+        importlib.import_module(_MODULE_COMMANDS[args.cmd][0]).run
     try:
         return handler(args)
     except ArbiterError as exc:

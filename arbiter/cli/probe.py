@@ -20,6 +20,10 @@ modes). Ops the manifest's `decompositions:` names are decomposed for the backen
 a partition, and the summary says which of them passed. --write also records the ops
 credited by a training graph (`training_dtypes:`) and the counts apart (`training_*`).
 
+--edges runs the edge-value samples of arbiter/probe/edges.py instead (integer overflow,
+empty dimensions, huge magnitudes, NaN made inside a graph, auxiliary outputs) and says
+which differ from eager and whether the backend refuses them; it writes nothing.
+
 Progress goes to stderr. A full probe takes minutes (ONNX export costs 0.3-1 s a sample);
 --limit-s stops after that many seconds, leaving the rest `declared`.
 """
@@ -57,6 +61,11 @@ def add_arguments(parser) -> None:
                              "compared, saved ones included, then the backward")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
+    parser.add_argument("--edges", action="store_true",
+                        help="run the edge-value samples instead (integer overflow, empty "
+                             "dimensions, huge magnitudes, NaN made inside a graph, "
+                             "auxiliary outputs: arbiter/probe/edges.py); --ops names "
+                             "samples; nothing is written")
 
 
 def run(args) -> int:
@@ -79,6 +88,9 @@ def run(args) -> int:
                            "backend that builds without running has one: tensorrt)")
     if backend.inline_aten:
         raise ArbiterError(f"backend {args.backend!r} runs ATen itself: nothing to probe")
+    if getattr(args, "edges", False):
+        from ..probe.edges import run_cli
+        return run_cli(backend, args)
     dynamic = getattr(args, "dynamic", False)
     if dynamic and args.build_only:
         raise ArbiterError("--dynamic and --build-only cannot be combined: a dynamic probe "

@@ -80,6 +80,11 @@ class Progress(logging.Handler):
             return
         self._tasks["stage:" + name] = self._rich.add_task(name, total=total)
 
+    def note(self, text: str) -> None:
+        """A line of its own (above the bars on a terminal)."""
+        if not self.quiet:
+            self._print(text)
+
     def advance(self, name: str, n: int = 1) -> None:
         task = self._tasks.get("stage:" + name)
         if self._rich is not None and task is not None:

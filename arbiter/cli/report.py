@@ -7,12 +7,16 @@
     arbiter report mlp --time 50                      # time 50 calls: per-partition times
     arbiter report mlp --explorer plan                # plan.json + node data: Model Explorer
 
-MODEL is a built-in example or ``path/to/file.py:factory`` (a function returning
-``(model, example_inputs)``). Progress (loading, tracing, a bar of partitions compiled,
-timing) and warnings go to stderr (rich on a terminal, plain lines elsewhere).
+MODEL is a built-in example (below) or path/to/file.py:factory (a function returning
+(model, example_inputs)). Training or inference: as the model is (model.training; the
+built-in examples are in eval mode), --train or --inference overrides. Progress (loading,
+tracing, a bar of partitions compiled, timing) and warnings go to stderr (rich on a
+terminal, plain lines elsewhere). Off a terminal (a file, a pipe) the tables are as wide
+as their cells, not the width, and no line ends in spaces.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,8 +25,11 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     import argparse
 
+    from .models import MODEL_ARG, add_mode_arguments, models_epilog
+
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the examples' lines
-    parser.add_argument("model", help="built-in example name, or path/to/file.py:factory")
+    parser.epilog = models_epilog()
+    parser.add_argument("model", metavar="MODEL", help=MODEL_ARG)
     parser.add_argument("--config", action="append", default=None,
                         help="config file or shipped name; repeat to compare side by side")
     parser.add_argument("--json", metavar="PATH", help="write the report(s) as JSON")
@@ -34,12 +41,12 @@ def add_arguments(parser) -> None:
                         help="plan only (arbiter.explain): nothing is compiled")
     parser.add_argument("--time", type=int, default=0, metavar="N",
                         help="after compiling, time N calls (per-partition times and shares)")
-    parser.add_argument("--train", action="store_true",
-                        help="trace with gradients: forward and backward graphs "
-                             "(default: inference: model.eval(), under torch.no_grad)")
+    add_mode_arguments(parser)
     parser.add_argument("--no-breaks", action="store_true",
                         help="leave Dynamo's graph breaks (counted while compiling) out")
-    parser.add_argument("--width", type=int, default=100, help="terminal width of the tables")
+    parser.add_argument("--width", type=int, default=None,
+                        help="width of the tables (default: the terminal's; off a terminal "
+                             "100, tables only as wide as their cells)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -105,12 +112,10 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 
 
 def run(args) -> int:
-    import torch
-
-    from .progress import Progress
-
     from ..report.text import render
     from .examples import load_model
+    from .models import choose_mode
+    from .progress import Progress
 
     configs = args.config or [None]
     reports = []
@@ -118,16 +123,18 @@ def run(args) -> int:
         progress.stage(f"loading {args.model}")
         model, inputs = load_model(args.model)
         inputs = tuple(inputs)
-        if not args.train and isinstance(model, torch.nn.Module):
-            model.eval()  # inference: dropout off, batch norm on running statistics
+        train, line = choose_mode(model, args)
+        progress.note(line)
         for k, cfg in enumerate(configs):
-            r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=args.train,
+            r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=train,
                              time_calls=args.time, label=_label(cfg, k), progress=progress)
             r.model = args.model
             if args.no_breaks:
                 r.graph_breaks = None
             reports.append(r)
-    sys.stdout.write(render(reports, width=args.width, color=sys.stdout.isatty()))
+    tty = sys.stdout.isatty()
+    width = args.width or (min(100, shutil.get_terminal_size().columns) if tty else 100)
+    sys.stdout.write(render(reports, width=width, color=tty, fit=tty))
     if args.json:
         from ..report import Report
 

@@ -9,6 +9,7 @@ that do occur (closest first).
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
 
 import torch.fx
@@ -28,6 +29,24 @@ def graph_ops(gm: torch.fx.GraphModule) -> set[str]:
     """The op names of a graph's compute nodes (``aten.x.overload``)."""
     return {op_name(n.target) for n in gm.graph.nodes
             if n.op == "call_function" and not is_getitem(n)}
+
+
+def pending_backward_ops() -> set[str] | None:
+    """The ops of the backward graph of the forward graph being compiled now (called from
+    inside its compile), or None where it is not found (another torch).
+
+    AOTAutograd splits its joint graph into forward and backward before it compiles the
+    forward, and compiles the backward only at the first backward call, which may never
+    come (a forward with gradients on and no backward): a rule can be judged at the
+    forward without waiting. The backward graph is a local (``bw_module``) of
+    AOTAutograd's frame below the forward's compile."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        graph = frame.f_locals.get("bw_module") if "aot" in frame.f_code.co_filename else None
+        if isinstance(graph, torch.fx.GraphModule):
+            return graph_ops(graph)
+        frame = frame.f_back
+    return None
 
 
 def unmatched_message(kind: str, rule_op: str, backend: str, seen: Iterable[str],

@@ -19,6 +19,7 @@ from typing import Any
 from ..ops import is_getitem, op_name
 from ..plan.partition import Plan, partition_graph
 from ..plan.support import Preferred
+from .cells import plural
 from .model import AdviceReport
 
 #: Largest min_block_size tried.
@@ -49,7 +50,7 @@ def advise(plans: Sequence[Plan], table: Any, min_block_size: int,
         split = [_by_backend(partition_graph(p.graph_module, table, best)) for p in plans]
         advice.append(AdviceReport(
             kind="min_block_size",
-            message=f"min_block_size {best} gives {counts[best]} partitions "
+            message=f"min_block_size {best} gives {plural(counts[best], 'partition')} "
                     f"(now {min_block_size}: {now})",
             data={"best": best, "partitions": {str(m): c for m, c in counts.items()},
                   "nodes_by_backend": split}))
@@ -90,8 +91,8 @@ def advise(plans: Sequence[Plan], table: Any, min_block_size: int,
     for removed, op, n, (backend, why), after in gains:
         advice.append(AdviceReport(
             kind="op_support",
-            message=f"{op} ({n} node(s) on {fallback}): if {backend} ran it, "
-                    f"{now} -> {after} partitions ({backend} refused: {why})",
+            message=f"{op} ({plural(n, 'node')} on {fallback}): if {backend} ran it, "
+                    f"{now} -> {plural(after, 'partition')} ({backend} refused: {why})",
             data={"op": op, "nodes": n, "backend": backend, "refused": why,
                   "partitions_now": now, "partitions_after": after}))
     return advice

@@ -21,6 +21,7 @@ from ..registry import Backend
 from ..run.record import GraphRecord
 from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .model import (AccuracyReport, BroadcastReport, DistributedReport, FallbackReport,
+                    FirstUseReport,
                     GraphReport, KindBackendReport, KindReport, NodeReport, OpReport,
                     PartitionReport, PatternReport, RefusalReport, RuleReport, SymbolReport,
                     TensorReport, WeightEventReport)
@@ -278,6 +279,9 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
             copies=rec.copies, restride_copies=rec.restride_copies,
             verify_checks=rec.verify_checks, verify_max_error=rec.verify_max_error,
             nonfinite_guard=list(rec.nonfinite_ops), nonfinite_eager_calls=rec.nonfinite_calls,
+            first_use=[FirstUseReport(backend=c.backend, unverified=list(c.unverified),
+                                      result=c.result, detail=c.detail,
+                                      findings=list(c.findings)) for c in rec.first_use],
             measured_ms=g.outcome.measured_ms.get(p.id, {}),
             inputs=inputs, outputs=outputs,
             bytes_in=sum(t.bytes or 0 for t in inputs if t.source == "partition"),

@@ -39,6 +39,32 @@ class FallbackReport(BaseModel):
     reason: str
 
 
+class FirstUseReport(BaseModel):
+    """A first-use check (config `verify: {mode: unverified}`): the partition held ops no
+    probe verified on this backend, so its first call there was compared with eager."""
+
+    backend: str
+    unverified: list[str] = Field(description="the (op, dtype) pairs no probe verified, "
+                                  "and why: `aten.x.default float32 (verified: declared)`")
+    result: str = Field(description="`pending` (not called yet), `passed`, `failed`, or "
+                        "`not checked: <why>`")
+    detail: str = Field("", description="what differed from eager, when failed")
+    findings: list[str] = Field(default_factory=list, description="what the failure was "
+                                "traced to (op, dtype, output), refused on this backend from "
+                                "then on (arbiter/findings.py)")
+
+    def line(self) -> str:
+        """The check in a line: backend, result, what it was about."""
+        what = ", ".join(self.unverified[:3]) + (
+            f" and {len(self.unverified) - 3} more" if len(self.unverified) > 3 else "")
+        if self.result == "failed":
+            found = f"; traced to {', '.join(self.findings)}" if self.findings else ""
+            return (f"first use on {self.backend} differed from eager ({self.detail})"
+                    f"{found}; unverified: {what}")
+        result = "checked against eager: passed" if self.result == "passed" else self.result
+        return f"first use on {self.backend} {result}; unverified: {what}"
+
+
 class PartitionReport(BaseModel):
     id: int
     planned_backend: str = Field(description="the backend the policy chose")
@@ -62,6 +88,9 @@ class PartitionReport(BaseModel):
     restride_copies: int = Field(0, description="outputs copied into the traced layout")
     verify_checks: int = Field(0, description="accuracy checks against eager ATen")
     verify_max_error: Optional[float] = Field(None, description="largest error seen by verify")
+    first_use: list[FirstUseReport] = Field(
+        default_factory=list, description="first-use checks against eager, one per backend "
+        "that compiled it holding ops no probe verified (verify mode `unverified`)")
     nonfinite_guard: list[str] = Field(
         default_factory=list, description="ops its backend computes unlike eager on NaN or "
         "inf inputs, taken under `exact_nonfinite: guard`: every call checks the inputs")
@@ -414,10 +443,17 @@ class Report(BaseModel):
         recompiles = len({(g.frame, g.recompile) for g in self.graphs if g.recompile})
         shaped = f"; recompiles: {recompiles}" if recompiles else ""
         breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
+        checks = [c.result for p in parts for c in p.first_use]
+        if checks:  # verify `unverified`: partitions holding ops no probe verified
+            failed = sum(r == "failed" for r in checks)
+            breaks += (f"; first-use checks: {len(checks)}"
+                       + (f" ({failed} failed)" if failed else ""))
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
-        return (f"{len(self.graphs)} graph(s), {len(parts)} partition(s); "
+        from .cells import plural
+
+        return (f"{plural(len(self.graphs), 'graph')}, {plural(len(parts), 'partition')}; "
                 f"{ran}: {share or '-'}; "
                 f"fallbacks: {falls}{shaped}{breaks}")
 

@@ -11,85 +11,16 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
+from .cells import (Cell, Col, Item, Line, Table, distributed_entries,  # noqa: F401
+                    distributed_summary, human_bytes as _bytes, kind_entries, kind_fell_back,
+                    kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
+
 if TYPE_CHECKING:
-    from .model import DistributedReport, GraphReport, KindReport, PatternReport, Report
+    from .model import GraphReport, PatternReport, Report
 
 WIDTH = 100
-
-
-class Line:
-    """A line of text; parts are plain strings or (style, text) pairs (a rich style)."""
-
-    def __init__(self, *parts: Union[str, tuple[str, str]]):
-        self.parts = [p for p in parts if p]
-
-    def plain(self) -> str:
-        return "".join(p if isinstance(p, str) else p[1] for p in self.parts)
-
-    def markup(self) -> str:
-        from rich.markup import escape  # data, not markup: "[at file.py:12]" prints as is
-
-        return "".join(escape(p) if isinstance(p, str) else f"[{p[0]}]{escape(p[1])}[/{p[0]}]"
-                       for p in self.parts)
-
-
-#: A table cell: text, styled text, or entries (rich: one a line; plain: joined by ", ").
-Cell = Union[str, Line, list]
-
-
-@dataclass
-class Col:
-    name: str
-    right: bool = False  # justified right (numbers)
-    wrap: bool = False  # rich: long cells fold onto more lines (else no_wrap)
-    max_width: Optional[int] = None
-    ratio: Optional[int] = None
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[Col]
-    rows: list[list[Cell]] = field(default_factory=list)
-    expand: bool = True
-
-
-Item = Union[Line, Table]
-
-
-def _short(op: str) -> str:
-    return op.removeprefix("aten.").removesuffix(".default")
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _shapes(ts) -> str:
-    """The first data tensor's shape (frozen weights, `constant`, come last) and how many
-    more: the table stays one line a partition."""
-    if not ts:
-        return "-"
-    first = next((t for t in ts if t.source != "constant"), ts[0])
-    text = "x".join(map(str, first.shape)) or "()"
-    return text + (f" +{len(ts) - 1}" if len(ts) > 1 else "")
-
-
-def ops_text(ops: dict[str, int], most: Optional[int] = None) -> str:
-    """``opxN, op2, ...``, most nodes first; with ``most``, the first ``most`` and how many
-    ops more."""
-    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
-    shown = items if most is None else items[:most]
-    text = ", ".join(f"{_short(k)}x{v}" if v > 1 else _short(k) for k, v in shown)
-    return text + (f", +{len(items) - most} op(s)" if most is not None and
-                   len(items) > most else "")
 
 
 def pattern_line(m: PatternReport) -> str:
@@ -110,23 +41,6 @@ def _backend_cell(p) -> Cell:
 
 
 # -- per graph kind, and the distributed section -------------------------------------
-def kind_where(k: KindReport) -> str:
-    """``onnxruntime 398 in 2, eager 14 in 5``: nodes and partitions per backend."""
-    return ", ".join(kind_entries(k)) or "-"
-
-
-def kind_entries(k: KindReport) -> list[str]:
-    return [f"{b.backend} {b.nodes} in {b.partitions}" + ("" if b.compiled else " (plan)")
-            for b in k.backends]
-
-
-def kind_fell_back(k: KindReport) -> str:
-    if not k.fell_back_partitions:
-        return "-" if not k.fallbacks else f"- ({k.fallbacks} fallback(s))"
-    return (f"{k.fell_back_nodes} nodes in {k.fell_back_partitions}"
-            f" ({k.fallbacks} fallback(s))")
-
-
 def kind_table(report: Report) -> Optional[Table]:
     """What ran where per graph kind (forward, backward, inference): one row each."""
     if not report.kinds:
@@ -151,28 +65,6 @@ def kind_table(report: Report) -> Optional[Table]:
             row.append(f"{k.run_s / k.calls * 1e3:.3f} ms" if k.calls else "-")
         t.rows.append(row)
     return t
-
-
-def distributed_summary(d: DistributedReport) -> str:
-    """``rank 0 of 2: 3 graph(s) decided here (policy measure) and broadcast``."""
-    who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
-        (f" of {d.world_size}" if d.world_size is not None else "")
-    what = []
-    if d.sent:
-        what.append(f"{d.sent} graph(s) decided here (policy measure) and broadcast")
-    if d.received:
-        what.append(f"{d.received} graph(s) took rank 0's decision, untimed")
-    return f"{who}: " + "; ".join(what)
-
-
-def distributed_entries(d: DistributedReport) -> list[str]:
-    """One entry per broadcast graph, then the graphs not broadcast."""
-    out = [f"graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
-           f"{b.chosen or '-'} ({b.role})" for b in d.broadcast]
-    if d.not_broadcast:
-        out.append("not broadcast (decided alike on every rank, or not called yet): graph "
-                   + ", ".join(map(str, d.not_broadcast)))
-    return out
 
 
 def distributed_lines(report: Report) -> Iterator[Line]:
@@ -209,8 +101,8 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         cols.append(Col("run/call (share)", right=True))
     cols.append(Col("ops", wrap=True, ratio=1))
     t = Table(f"graph {g.graph_id} ({g.kind}{', ' + g.model if g.model else ''}): "
-              f"{g.nodes} nodes, {len(g.partitions)} partitions, {g.constants} constant "
-              f"weights, policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms", cols)
+              f"{plural(g.nodes, 'node')}, {plural(len(g.partitions), 'partition')}, "
+              f"{plural(g.constants, 'constant weight')}, policy {g.policy}, planned in {g.plan_s * 1e3:.1f} ms", cols)
     for p in g.partitions:
         ctime = f"{p.compile_s:.2f} s" if p.compile_s else "-"
         if p.shapes not in ("static", "eager"):
@@ -268,11 +160,12 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         if p.nonfinite_guard:
             notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
                          f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
-                         + (f", {p.nonfinite_eager_calls} calls ran in eager"
+                         + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
                             if p.nonfinite_eager_calls else ""))
         if p.verify_checks:
             err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
             notes.append(f"verified {p.verify_checks}x against eager{err}")
+        notes += [c.line() for c in p.first_use]
         if p.measured_ms:
             notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
                                                  for b, ms in p.measured_ms.items()))
@@ -345,7 +238,7 @@ def items(report: Report) -> Iterator[Item]:
     yield Line("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
     if report.graph_breaks is not None:
         gb = report.graph_breaks
-        yield Line(f"Dynamo: {gb.graphs} graph(s), {gb.breaks} graph break(s)")
+        yield Line(f"Dynamo: {plural(gb.graphs, 'graph')}, {plural(gb.breaks, 'graph break')}")
         for r in gb.reasons:
             yield Line(f"  break: {r}")
     if report.resources:
@@ -355,7 +248,7 @@ def items(report: Report) -> Iterator[Item]:
             yield Line(f"  {k}: {text}")
     if report.timing is not None:
         tm = report.timing
-        yield Line(f"timed run: {tm.calls} calls, {tm.total_s / max(tm.calls, 1) * 1e3:.3f} ms "
+        yield Line(f"timed run: {plural(tm.calls, 'call')}, {tm.total_s / max(tm.calls, 1) * 1e3:.3f} ms "
                    f"per call; partitions run by backends: "
                    f"{tm.pieces_s / tm.total_s:.0%} of it" if tm.total_s else "timed run: no calls")
         if tm.note:
@@ -452,35 +345,40 @@ def plain(reports: Union[Report, Sequence[Report]]) -> str:
     return "\n".join(lines)
 
 
-def _rich(it: Item):
-    """A rich renderable of an item."""
+def _rich(it: Item, fit: bool = True):
+    """A rich renderable of an item. ``fit``: tables that ask to fill the width do; else
+    each is as wide as its cells, its title a line above it (a title is part of a rich
+    table's width)."""
     if isinstance(it, Line):
         return it.markup()
     from rich import box
+    from rich.console import Group
     from rich.table import Table as RichTable
 
-    t = RichTable(title=Line(it.title).markup(), title_justify="left", box=box.SIMPLE_HEAD,
-                  expand=it.expand)
+    t = RichTable(title=Line(it.title).markup() if fit else None, title_justify="left",
+                  box=box.SIMPLE_HEAD, expand=it.expand and fit)
     for c in it.columns:
         t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
                      no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
                      max_width=c.max_width, ratio=c.ratio)
     for r in it.rows:
         t.add_row(*[_rich_cell(c) for c in r])
-    return t
+    return t if fit else Group(Line(it.title).markup(), t)
 
 
-def renderables(report: Report):
+def renderables(report: Report, fit: bool = True):
     """The rich renderables of one report, summary line first."""
     for it in items(report):
-        yield _rich(it)
+        yield _rich(it, fit)
 
 
 def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
-           color: bool = False) -> str:
+           color: bool = False, fit: bool = True) -> str:
     """The text report (several reports: a comparison table, then each in full).
 
-    Without rich (the `report` extra) this is ``plain``, the rendering of ``str(report)``."""
+    ``fit``: tables fill ``width`` (a terminal); else (a file, a pipe) each table is as wide
+    as its cells need, up to ``width``. Without color no line ends in spaces. Without
+    rich (the `report` extra) this is ``plain``, the rendering of ``str(report)``."""
     reports = list(reports) if isinstance(reports, (list, tuple)) else [reports]
     try:
         from rich.console import Console
@@ -491,11 +389,14 @@ def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False, soft_wrap=False)
     if len(reports) > 1:
-        console.print(_rich(compare_table(reports)))
+        console.print(_rich(compare_table(reports), fit))
         console.print()
     for k, r in enumerate(reports):
-        if k:
+        if k and fit:
             console.rule(r.label or r.config or "")
-        for item in renderables(r):
+        elif k:
+            console.print(f"---- {r.label or r.config or ''}", markup=False)
+        for item in renderables(r, fit):
             console.print(item)
-    return buf.getvalue()
+    text = buf.getvalue()
+    return text if color else "\n".join(x.rstrip() for x in text.split("\n"))

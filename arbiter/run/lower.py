@@ -4,7 +4,9 @@
 no gradient is needed) into functional ATen graphs with FakeTensor metadata on every
 node, and calls our compiler once per graph. Decompositions are PyTorch's own table
 (``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
-backend's manifest list applies only to the nodes it takes: arbiter/decompose.py).
+backend's manifest list applies only to the nodes it takes: arbiter/decompose.py), and
+arbiter's own of PyTorch's fused inference kernels (``nn.TransformerEncoderLayer``'s fast
+path: arbiter/decompose_fused.py), which every graph gets.
 
 Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
 metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and
@@ -34,9 +36,13 @@ GraphCompiler = Callable[[torch.fx.GraphModule, str, dict], Callable]
 
 
 def decomposition_table(names: Sequence[str]) -> dict:
+    """The decompositions applied to every graph when it is lowered: PyTorch's fused
+    inference kernels (arbiter/decompose_fused.py; no backend takes them whole), then
+    those the config's ``decompositions:`` names."""
     from ..decompose import table
+    from ..decompose_fused import table as fused
 
-    return table(names)
+    return {**fused(), **table(names)}
 
 
 def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:

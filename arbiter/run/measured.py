@@ -275,8 +275,9 @@ class MeasuredGraph:
                 log.info("%s: measure budget %.1f s spent; %d candidate(s) left to the "
                          "cost estimate", self._label, opts.time_budget_s, len(order) - k)
                 break
-            self._progress(f"{self._label}: compiling candidate {k + 1}/{len(order)} "
-                           f"({cand.label}), {elapsed:.1f} s", elapsed)
+            self._progress(f"{self._label}: warming up candidate {k + 1} of {len(order)} "
+                           f"({cand.label}; a first call compiles what it has to), "
+                           f"{elapsed:.1f} s into measuring", elapsed)
             if cand.lowered and not self._accept(cand, args):
                 continue  # outside the tolerance: never timed, never chosen
             if cand.label == PRIORITY:

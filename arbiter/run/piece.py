@@ -28,6 +28,7 @@ from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_random, output_values, tensors_in
 from ..registry import Backend
+from .first_use import FirstUse, FirstUseCheck
 from .isolation import tracing_in_this_thread
 from .verify import check_meta, compare, output_specs
 
@@ -67,6 +68,8 @@ class PieceRecord:
     # inf inputs, and the calls that therefore ran in eager (an input held NaN or inf)
     nonfinite_ops: list[str] = field(default_factory=list)
     nonfinite_calls: int = 0
+    # verify `unverified`: each backend's first-use check (run/first_use.py)
+    first_use: list[FirstUseCheck] = field(default_factory=list)
 
 
 def _compile_lock():
@@ -96,11 +99,11 @@ class CompileTimeout(Exception):
 
 
 def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
-             timeout: Optional[float]) -> Callable:
+             timeout: Optional[float]) -> tuple[Callable, torch.fx.GraphModule]:
     """``backend.compile(gm, args)``, the nodes its manifest wants decomposed decomposed
-    for it alone (arbiter/decompose.py: the next backends and eager get ``gm`` as it is);
-    with a ``timeout``, in a helper thread waited for at most that long (CompileTimeout
-    after).
+    for it alone (arbiter/decompose.py: the next backends and eager get ``gm`` as it is),
+    and the graph the backend got; with a ``timeout``, in a helper thread waited for at
+    most that long (CompileTimeout after).
 
     Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
     thread, holding what it holds, and its result is dropped. The helper thread gets the
@@ -108,8 +111,9 @@ def _compile(backend: Backend, gm: torch.fx.GraphModule, args: list,
     entries a compile used); it has no dispatch mode, like the caller's compile under
     ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
     a backend that takes that lock itself would wait for it, and time out."""
-    def build() -> Callable:  # the decomposition is traced (make_fx) like the compile
-        return backend.compile(for_backend(gm, backend), args)
+    def build() -> tuple[Callable, torch.fx.GraphModule]:
+        got = for_backend(gm, backend)  # traced (make_fx) like the compile
+        return backend.compile(got, args), got
 
     if timeout is None:
         with tracing_in_this_thread():  # torch's tracing state stays in this thread
@@ -183,9 +187,12 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.equal(a, b))
 
 
-def _shared_buffers(first: Any, second: Any) -> Optional[tuple[int, int]]:
+def _shared_buffers(first: Any, second: Any, args: Sequence[Any] = ()
+                    ) -> Optional[tuple[int, int]]:
     """(i, j) when output j of the second call shares memory with output i of the
-    first, else None."""
+    first, else None. An output that is a view of an input (``args``) shares the
+    input's memory on every call by design (a compiled ``view``, ``t``, or an input
+    returned as it is): not a reused buffer."""
     def spans(outs):
         found = []
         for k, t in enumerate(outs if isinstance(outs, (list, tuple)) else ()):
@@ -194,11 +201,17 @@ def _shared_buffers(first: Any, second: Any) -> Optional[tuple[int, int]]:
                 found.append((k, st.data_ptr(), st.data_ptr() + st.nbytes(), t.device))
         return found
 
-    earlier = spans(first)
-    for j, lo, hi, dev in spans(second):
-        for i, lo1, hi1, dev1 in earlier:
-            if dev == dev1 and lo < hi1 and lo1 < hi:
-                return i, j
+    def overlap(a, b) -> bool:
+        return a[3] == b[3] and a[1] < b[2] and b[1] < a[2]
+
+    inputs = spans(list(tensors_in(list(args))))
+    earlier = [s for s in spans(first) if not any(overlap(s, i) for i in inputs)]
+    for span in spans(second):
+        if any(overlap(span, i) for i in inputs):
+            continue
+        for old in earlier:
+            if overlap(span, old):
+                return old[0], span[0]
     return None
 
 
@@ -252,10 +265,13 @@ class Piece:
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
                  backends: Sequence[Backend], graph_label: str, verify: Any = None,
-                 compile_timeout_s: Optional[float] = None, lowered_verify: Any = None):
+                 compile_timeout_s: Optional[float] = None, lowered_verify: Any = None,
+                 first_use: Optional[FirstUse] = None):
         """``verify``: the config's VerifyOptions; ``lowered_verify``: the same kind of
         settings (mode, every_n, tolerances) for a backend of the chain that runs at a
-        lower precision (``Backend.precision``; config `accuracy`), used while it runs."""
+        lower precision (``Backend.precision``; config `accuracy`), used while it runs.
+        ``first_use``: with verify mode ``unverified``, what decides and localizes the
+        first-use checks (run/first_use.py; a default one otherwise)."""
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
@@ -280,6 +296,9 @@ class Piece:
         self._specs = output_specs(gm)
         self._verify_cfg = verify
         self._lowered_cfg = lowered_verify
+        self._first_use = first_use or FirstUse(getattr(verify, "tolerances", None))
+        # the check under way: (level, graph the backend got, its unverified pairs)
+        self._checking: Optional[tuple[int, torch.fx.GraphModule, list]] = None
         self._draws_random = any(n.op == "call_function" and is_random(n)
                                  for n in gm.graph.nodes)
         self._use_verify(verify)
@@ -431,9 +450,55 @@ class Piece:
         return out
 
     # -- accuracy checks -------------------------------------------------------------
+    def _checks_unverified(self, backend: Any) -> bool:
+        """Whether ``backend`` runs under verify mode ``unverified`` here."""
+        lowered = bool(getattr(backend, "precision", "")) and self._lowered_cfg is not None
+        cfg = self._lowered_cfg if lowered else self._verify_cfg
+        return not backend.inline_aten and getattr(cfg, "mode", "off") == "unverified"
+
+    def _plan_first_use(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
+        """Verify mode ``unverified``: the next call is checked against eager when
+        ``got`` (what the backend compiled) holds an unverified (op, dtype)."""
+        symbolic = getattr(backend, "mode", "") == "symbolic"
+        items = self._first_use.needed(backend, got, symbolic)
+        if not items:
+            return
+        check = FirstUseCheck(backend.name, [str(u) for u in items])
+        self.record.first_use.append(check)
+        if self._draws_random:
+            check.result = "not checked: the partition draws random numbers"
+            log.warning("%s partition %d: %s runs unverified ops (%s) unchecked: the "
+                        "partition draws random numbers (random: backend)", self._label,
+                        self.record.partition_id, backend.name, check.unverified[0])
+            return
+        self._verify_mode = "first"
+        self._checking = (level, got, items)
+        log.info("%s partition %d: %s holds ops no probe verified (%s%s): its first call "
+                 "is checked against eager", self._label, self.record.partition_id,
+                 backend.name, ", ".join(check.unverified[:3]),
+                 f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+    def _first_use_done(self, level: int, why: Optional[str], before: list) -> None:
+        """Record the outcome of a first-use check (``why``: what failed, or None)."""
+        checking, self._checking = self._checking, None
+        if checking is None or checking[0] != level or not self.record.first_use:
+            return
+        check = self.record.first_use[-1]
+        if why is None:
+            check.result = "passed"
+            return
+        check.result, check.detail = "failed", why.removeprefix("differs from eager: ")
+        if not why.startswith("differs from eager"):
+            return  # not wrong numbers (an input written, a buffer reused, a second call
+            # that raised): demoted, nothing to trace to an op
+        _, got, items = checking
+        with _compile_lock():
+            found = self._first_use.localize(self._backends[level], got, before, items, why)
+        check.findings = [f.label() for f in found]
+
     def _use_verify(self, verify: Any) -> None:
         self._verify_mode = getattr(verify, "mode", "off") if verify is not None else "off"
-        if self._verify_mode != "off" and self._draws_random:
+        if self._verify_mode not in ("off", "unverified") and self._draws_random:
             # a partition drawing random numbers (config `random: backend`) cannot equal
             # eager's draw: nothing to compare
             log.info("%s partition %d draws random numbers: verify skips it", self._label,
@@ -475,7 +540,7 @@ class Piece:
             why = (f"wrote into its input{'s' if len(written) > 1 else ''} "
                    f"{', '.join(map(str, written))} (partition inputs are read-only)")
         elif why is None:
-            shared = _shared_buffers(out, again)
+            shared = _shared_buffers(out, again, args)
             if shared is not None:
                 why = (f"returns the same output buffer on every call (output {shared[1]} of "
                        f"a second call is output {shared[0]} of the first): results the "
@@ -486,8 +551,10 @@ class Piece:
             if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
                 rec.verify_max_error = cmp.max_error
             if cmp.ok:
+                self._first_use_done(level, None, before)
                 return None
             why = f"differs from eager: {cmp.detail}"
+        self._first_use_done(level, why, before)
         self._demote_from(level, "verify", why, args)
         return expected
 
@@ -506,14 +573,20 @@ class Piece:
                 fn = self.gm
                 break
             loaded: list = []  # persistent-cache entries the compile used
+            got = self.gm
             try:
+                skip = self._first_use.skip(backend, self.gm, args) \
+                    if self._checks_unverified(backend) else None
+                if skip is not None:
+                    failure = (backend.name, ("verify", skip))
+                    continue
                 # Progress for long compiles (`arbiter report` shows these on stderr).
                 log.info("%s partition %d: compiling with %s", self._label,
                          self.record.partition_id, backend.name)
                 # Backends trace (export, Dynamo) and must not see the dispatch modes
                 # that AOTAutograd's runtime wrappers may have active around this call.
                 with _disable_current_modes(), served() as loaded:
-                    fn = _compile(backend, self.gm, list(args), self._compile_timeout)
+                    fn, got = _compile(backend, self.gm, list(args), self._compile_timeout)
                 self._served = list(loaded)
                 # A compiled callable may count the copies it makes (inputs made
                 # contiguous...) into the record's `copies` (docs/resources.md).
@@ -530,6 +603,11 @@ class Piece:
         lowered = bool(getattr(backend, "precision", ""))  # a variant: its own checks
         self._use_verify(self._lowered_cfg if lowered and self._lowered_cfg is not None
                          else self._verify_cfg)
+        self._checking = None
+        if self._verify_mode == "unverified":
+            self._verify_mode = "off"
+            if not backend.inline_aten:
+                self._plan_first_use(level, backend, got)
         self._fast = None
         self._restride = list(self._restride_traced)  # the new backend's are learned
         self._since_compile = 0

@@ -14,10 +14,11 @@ What can change when (details and measurements in docs/resources.md):
   kernels read it when they are compiled (``cpp.threads = -1``), so it reaches them too.
 * ``OMP_WAIT_POLICY`` (whether torch's OpenMP threads spin): read by libgomp when torch
   is imported; it can only be reported here, never changed.
-* Process-wide pools and arenas of other backends (an ONNX Runtime global thread pool,
-  its shared arena): before their first session only. So the first budget applied in a
-  process stays; a later config asking for other settings gets a warning naming each
-  setting that could not change.
+* Process-wide arenas of other backends (ONNX Runtime's shared arena, used only by the
+  sessions arbiter makes): before their first session only. So the first budget applied
+  in a process stays; a later config asking for other threads or arenas gets a warning
+  naming each setting that could not change. ``spin`` is each config's own: backends
+  apply it per compiled model (``Backend.use_budget``), never process-wide.
 
 No backend is named here: backends say what they did, in their own words.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Optional
 
 from ..errors import warn_at_user_line
@@ -139,18 +140,24 @@ def apply(options: Any, backends: Iterable[Any], first_backend: str = "none",
             _budget = wanted
             _in_force["budget"] = asdict(wanted)
             _in_force["torch"] = _configure_torch(wanted)
-        elif wanted != _budget:
+        else:
+            # `spin` is each config's own (backends apply it per compiled model); the
+            # rest was fixed by the process's first budget
             diffs = [f"{k}={getattr(wanted, k)!r} (in force: {getattr(_budget, k)!r})"
-                     for k in asdict(wanted) if getattr(wanted, k) != getattr(_budget, k)]
+                     for k in asdict(wanted)
+                     if k != "spin" and getattr(wanted, k) != getattr(_budget, k)]
             msg = ("resources: this config asks for " + ", ".join(diffs) + ", but the "
-                   "process's thread pools and arenas were set by the first Arbiter and "
-                   "cannot change (ONNX Runtime's global pool and arena exist from its "
-                   "first session; OMP_WAIT_POLICY from torch's import); the settings in "
-                   "force stay")
-            if msg not in _warned:  # once per message, at the user's line (one print)
+                   "process's thread budget and arenas were set by the first Arbiter and "
+                   "stay (torch's thread count is the user's to change; ONNX Runtime's "
+                   "arena exists from its first session; OMP_WAIT_POLICY from torch's "
+                   "import)")
+            if diffs and msg not in _warned:  # once per message, at the user's line
                 _warned.add(msg)
                 warn_at_user_line(msg, RuntimeWarning)
         budget = _budget
+        own = replace(budget, spin=wanted.spin)
+        for backend in backends:
+            backend.use_budget(own)
         for backend in backends:
             if backend.name in _configured:
                 continue

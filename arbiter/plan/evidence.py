@@ -1,0 +1,109 @@
+"""Evidence before trust: which nodes of a graph no probe verified on a backend.
+
+A manifest entry is a claim until a probe ran it and compared it with eager
+(``verified: probed``, ``probed_dtypes``; arbiter/probe). A node of a graph handed to a
+backend is *verified* when its op's entry was probed in every dtype the node's tensors
+have (the probe compares every output of an op, including those only a backward graph
+reads), and, when the backend compiles it with symbolic sizes (one artifact for every
+size), when the entry says ``dynamic: true`` (``arbiter probe --dynamic``: run at two
+sizes through one artifact). Anything else, ``verified: declared`` or ``built`` entries,
+dtypes the probe never tried, an op with no entry of its own (a pattern's node), is
+*unverified*: with ``verify: {mode: unverified}`` (the default) the partition holding it
+is compared with eager ATen on its first call (arbiter/run/first_use.py).
+
+A backend's decompositions are judged on what the backend gets: the caller passes the
+graph after ``decompose.for_backend``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..capability import tensor_descs
+from ..ops import is_getitem, op_name, produces_tensor
+
+
+@dataclass(frozen=True)
+class Unverified:
+    """One (op, dtype) of a graph that no probe verified on a backend, and why."""
+
+    op: str
+    dtype: str  # "" when the op has no manifest entry at all
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.op}{' ' + self.dtype if self.dtype else ''} ({self.why})"
+
+
+def manifest_owner(backend: Any) -> Any:
+    """The backend whose manifest speaks for ``backend`` (a shape view of run/dynamic.py
+    wraps one as ``.backend``; a lower-precision variant shares its base's manifest)."""
+    while not hasattr(backend, "manifest") and hasattr(backend, "backend"):
+        backend = backend.backend
+    return backend
+
+
+def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
+               ) -> list[Unverified]:
+    """The (op, dtype) pairs of ``gm`` (as ``backend`` gets it) no probe verified, in graph
+    order, each once. ``symbolic``: the backend compiles ``gm`` once for every size."""
+    owner = manifest_owner(backend)
+    manifest = owner.manifest()
+    found: dict[tuple[str, str], Unverified] = {}
+    memo: dict = {}
+    for node in _compute_nodes(gm.graph.nodes):
+        name = op_name(node.target)
+        entry = manifest.entry(name)
+        descs = tensor_descs(node, memo)
+        dtypes = list(dict.fromkeys(_dtype_name(d.dtype) for d in descs if d.dtype is not None))
+        if entry is None:
+            found.setdefault((name, ""), Unverified(
+                name, "", f"not in the {owner.name} manifest (a pattern's node)"))
+            continue
+        probed = {_dtype_name(d) for d in entry.probed_dtypes or ()} \
+            if entry.verified == "probed" else set()
+        for dt in dtypes:
+            if dt in probed:
+                continue
+            why = (f"verified: {entry.verified}" if not probed
+                   else f"probed in {', '.join(sorted(probed))} only")
+            found.setdefault((name, dt), Unverified(name, dt, why))
+        if symbolic and not entry.dynamic and any(d.symbolic for d in descs):
+            dt = dtypes[0] if dtypes else ""
+            found.setdefault((name, dt + ":dynamic"), Unverified(
+                name, dt, "not probed with symbolic shapes"))
+    return list(found.values())
+
+
+def principal_dtype(node: torch.fx.Node) -> str:
+    """The dtype a finding about ``node`` is filed under: its first floating tensor's,
+    else its first tensor's."""
+    descs = [d for d in tensor_descs(node) if d.dtype is not None]
+    for d in descs:
+        if d.dtype.is_floating_point or d.dtype.is_complex:
+            return _dtype_name(d.dtype)
+    return _dtype_name(descs[0].dtype) if descs else ""
+
+
+def node_dtypes(node: torch.fx.Node) -> list[str]:
+    return [_dtype_name(d.dtype) for d in tensor_descs(node) if d.dtype is not None]
+
+
+def _compute_nodes(nodes: Iterable[torch.fx.Node]) -> Iterable[torch.fx.Node]:
+    for n in nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+                and not is_getitem(n) and produces_tensor(n):
+            yield n
+
+
+def compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The ATen nodes of ``gm`` that compute tensors (what a backend is judged on)."""
+    return list(_compute_nodes(gm.graph.nodes))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

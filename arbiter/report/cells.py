@@ -1,0 +1,130 @@
+"""The pieces both text and HTML reports are made of: lines and tables (``Line``,
+``Table``: what ``text.items`` yields), the short forms of ops, byte counts and tensor
+lists, counted nouns (``plural``: "1 node", "2 nodes"), and the phrases for graph kinds
+and the distributed section. Imports the model only for type checking.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Union
+
+if TYPE_CHECKING:
+    from .model import DistributedReport, KindReport
+
+
+def plural(n: int, noun: str, nouns: Optional[str] = None) -> str:
+    """``1 node``, ``2 nodes``, ``0 nodes`` (``nouns``: an irregular plural)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
+
+
+class Line:
+    """A line of text; parts are plain strings or (style, text) pairs (a rich style)."""
+
+    def __init__(self, *parts: Union[str, tuple[str, str]]):
+        self.parts = [p for p in parts if p]
+
+    def plain(self) -> str:
+        return "".join(p if isinstance(p, str) else p[1] for p in self.parts)
+
+    def markup(self) -> str:
+        from rich.markup import escape  # data, not markup: "[at file.py:12]" prints as is
+
+        return "".join(escape(p) if isinstance(p, str) else f"[{p[0]}]{escape(p[1])}[/{p[0]}]"
+                       for p in self.parts)
+
+
+#: A table cell: text, styled text, or entries (rich: one a line; plain: joined by ", ").
+Cell = Union[str, Line, list]
+
+
+@dataclass
+class Col:
+    name: str
+    right: bool = False  # justified right (numbers)
+    wrap: bool = False  # rich: long cells fold onto more lines (else no_wrap)
+    max_width: Optional[int] = None
+    ratio: Optional[int] = None
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[Col]
+    rows: list[list[Cell]] = field(default_factory=list)
+    expand: bool = True
+
+
+Item = Union[Line, Table]
+
+
+
+def short_op(op: str) -> str:
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def shapes_summary(ts) -> str:
+    """The first data tensor's shape (frozen weights, `constant`, come last) and how many
+    more: the table stays one line a partition."""
+    if not ts:
+        return "-"
+    first = next((t for t in ts if t.source != "constant"), ts[0])
+    text = "x".join(map(str, first.shape)) or "()"
+    return text + (f" +{len(ts) - 1}" if len(ts) > 1 else "")
+
+
+def ops_text(ops: dict[str, int], most: Optional[int] = None) -> str:
+    """``opxN, op2, ...``, most nodes first; with ``most``, the first ``most`` and how many
+    ops more."""
+    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = items if most is None else items[:most]
+    text = ", ".join(f"{short_op(k)}x{v}" if v > 1 else short_op(k) for k, v in shown)
+    return text + (f", +{plural(len(items) - most, 'op')}" if most is not None and
+                   len(items) > most else "")
+
+
+# -- per graph kind, and the distributed section -------------------------------------
+def kind_where(k: KindReport) -> str:
+    """``onnxruntime 398 in 2, eager 14 in 5``: nodes and partitions per backend."""
+    return ", ".join(kind_entries(k)) or "-"
+
+
+def kind_entries(k: KindReport) -> list[str]:
+    return [f"{b.backend} {b.nodes} in {b.partitions}" + ("" if b.compiled else " (plan)")
+            for b in k.backends]
+
+
+def kind_fell_back(k: KindReport) -> str:
+    if not k.fell_back_partitions:
+        return "-" if not k.fallbacks else f"- ({plural(k.fallbacks, 'fallback')})"
+    return (f"{plural(k.fell_back_nodes, 'node')} in {k.fell_back_partitions}"
+            f" ({plural(k.fallbacks, 'fallback')})")
+
+
+def distributed_summary(d: DistributedReport) -> str:
+    """``rank 0 of 2: 3 graphs decided here (policy measure) and broadcast``."""
+    who = (f"rank {d.rank}" if d.rank is not None else "this rank") + \
+        (f" of {d.world_size}" if d.world_size is not None else "")
+    what = []
+    if d.sent:
+        what.append(f"{plural(d.sent, 'graph')} decided here (policy measure) and broadcast")
+    if d.received:
+        what.append(f"{plural(d.received, 'graph')} took rank 0's decision, untimed")
+    return f"{who}: " + "; ".join(what)
+
+
+def distributed_entries(d: DistributedReport) -> list[str]:
+    """One entry per broadcast graph, then the graphs not broadcast."""
+    out = [f"graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
+           f"{b.chosen or '-'} ({b.role})" for b in d.broadcast]
+    if d.not_broadcast:
+        out.append("not broadcast (decided alike on every rank, or not called yet): graph "
+                   + ", ".join(map(str, d.not_broadcast)))
+    return out

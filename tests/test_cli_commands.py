@@ -1,0 +1,222 @@
+"""The commands as a new user meets them (issue 30): help that describes every option and
+names the built-in models, quiet exit on a closed pipe, `arbiter cache` listing by default,
+a `backends` table that stays a table, install hints only for what is missing, the same
+training-or-inference choice in `explain` and `report`, files without padded tables, and
+a demo speed line that says when the machine is too busy to time."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from arbiter.cli import main
+from arbiter.cli.main import _parser
+from arbiter.cli.models import EXAMPLE_MODELS
+from conftest import run_cli
+
+TRAIN_MODEL = textwrap.dedent("""\
+    import torch
+
+    def build():  # a fresh module is in training mode, as PyTorch makes it
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        return net, (torch.randn(3, 8),)
+    """)
+
+
+_run = run_cli
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_builtin_model_names_are_the_examples():
+    from arbiter.cli.examples import EXAMPLES
+
+    assert list(EXAMPLE_MODELS) == list(EXAMPLES)
+
+
+@pytest.mark.parametrize("command", ["explain", "demo", "report", "cache", "backends",
+                                     "probe"])
+def test_every_option_is_described(command):
+    """Before: `arbiter explain --help` and `arbiter demo --help` described none of their
+    options."""
+    sub = _subparsers()[command]
+    for action in sub._actions:
+        assert action.help, f"arbiter {command}: {action.option_strings or action.dest}"
+    if command in ("explain", "demo", "report"):
+        text = sub.format_help()
+        assert all(name in text for name in EXAMPLE_MODELS), text  # the built-in models
+
+
+def test_top_help_has_no_rst_and_names_the_models():
+    text = _parser().format_help()
+    assert "``" not in text
+    description = text.split("\n\n")[1]
+    assert description.startswith("arbiter: one torch.compile backend") and "`" not in description
+    assert all(name in text for name in EXAMPLE_MODELS)
+
+
+@pytest.mark.parametrize("args", [["explain", "--help"], ["demo", "--help"],
+                                  ["cache", "--help"], ["backends", "--help"]])
+def test_help_imports_no_torch(args):
+    from test_cli import CHECK
+
+    out = subprocess.run([sys.executable, "-c", CHECK.format(args=args)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_cache_help_keeps_its_usage_lines_and_lists_by_default(tmp_path, capsys):
+    """Before: `arbiter cache` without an action was an error, and its --help reflowed the
+    usage lines into one paragraph."""
+    text = _subparsers()["cache"].format_help()
+    assert "\n    arbiter cache size  [--dir D | --config C]" in text
+    d = tmp_path / "cache"
+    (d / "onnx" / "ab").mkdir(parents=True)
+    (d / "onnx" / "ab" / "k1.bin").write_bytes(b"xx")
+    d.chmod(0o700)
+    assert main(["cache", "--dir", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "1 entry, 2 B in" in out and "k1" in out
+
+
+def _closed_pipe(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """Run ``arbiter ARGS`` with its stdout a pipe nobody reads: closed before it prints."""
+    proc = subprocess.Popen([sys.executable, "-m", "arbiter.cli", *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone (`| head` after its lines)
+    err = proc.stderr.read().decode()
+    return subprocess.CompletedProcess(args, proc.wait(timeout=120), "", err)
+
+
+@pytest.mark.parametrize("args", [["cache", "list", "--dir", "CACHE"], ["schema"],
+                                  ["--help"]])
+def test_closed_pipe_exits_quietly(args, tmp_path):
+    """Before: `arbiter cache list | head` ended in a BrokenPipeError traceback."""
+    d = tmp_path / "cache"
+    (d / "onnx" / "ab").mkdir(parents=True)
+    for k in range(3000):  # more than a pipe's buffer
+        (d / "onnx" / "ab" / f"k{k}.bin").write_bytes(b"x")
+    d.chmod(0o700)
+    done = _closed_pipe([str(d) if a == "CACHE" else a for a in args], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_backends_table_keeps_its_columns_and_wraps_reasons():
+    """Before: the tensorrt and triton rows (reasons of 200+ characters) broke the table."""
+    from arbiter.cli.backends import table
+
+    why = ("no GPU driver for triton 3.9.0 (RuntimeError: 0 active drivers ([]). There "
+           "should only be one.); TRITON_INTERPRET=1, set before triton is imported, runs "
+           "its kernels in Triton's interpreter on CPU tensors (slow: for tests)")
+    rows = [("eager", "available", "all ops", "2.13.0+cpu", ""),
+            ("triton", "unavailable", "no ops, 4 patterns", "-", why)]
+    lines = table(rows, 80)
+    head, rule, eager, triton, *reason = lines
+    assert head.split() == ["backend", "status", "manifest", "version"]
+    col = head.index("manifest")
+    assert eager[col:].startswith("all ops") and triton[col:].startswith("no ops, 4 patterns")
+    assert all(line.startswith("  ") and len(line) <= 80 for line in reason)
+    assert " ".join(x.strip() for x in reason) == why
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_install_hint_only_when_a_package_is_missing():
+    """Before: triton, installed, said `install: pip install 'torch-arbiter[triton]'` when
+    it lacked a GPU driver."""
+    from arbiter.registry import Backend, install_advice, missing_packages
+
+    class Installed(Backend):
+        name = "installed-here"
+        install_hint = "pip install 'pyyaml>=6' pydantic"
+
+    class Missing(Backend):
+        name = "missing-here"
+        install_hint = "pip install no-such-distribution-for-arbiter-tests"
+
+    class Extra(Backend):  # an extra of arbiter itself: its requirements are checked
+        name = "extra-here"
+        install_hint = "pip install 'torch-arbiter[report]' (the report's tables)"
+
+    assert missing_packages(Installed.install_hint) == []
+    assert install_advice(Installed) == ""
+    assert missing_packages(Missing.install_hint) == ["no-such-distribution-for-arbiter-tests"]
+    assert install_advice(Missing) == f" (install: {Missing.install_hint})"
+    try:
+        import rich  # noqa: F401  (what the extra `report` installs)
+    except ImportError:
+        assert missing_packages(Extra.install_hint) == ["rich"]
+    else:
+        assert missing_packages(Extra.install_hint) == []
+    assert missing_packages("apt-get install x") is None  # cannot tell: the hint stays
+
+
+def test_backends_rows_say_installed_or_how_to_install(make_backend):
+    """An unavailable backend whose packages are installed says so, with its version and no
+    install command; one missing a package gets the command."""
+    from arbiter.cli.backends import rows
+
+    for name, hint in (("nodriver", "pip install pyyaml"),
+                       ("notinstalled", "pip install no-such-distribution-for-arbiter-tests")):
+        cls = make_backend(name, ["aten.relu.default"], available=(False, "no GPU driver"))
+        cls.install_hint = hint
+        cls.version = lambda self: "mine 1.0"
+    (a, b) = rows(["nodriver", "notinstalled"])
+    assert a == ("nodriver", "unavailable", "1 op (declared 1)", "mine 1.0",
+                 "installed, but cannot run here: no GPU driver")
+    assert b[1] == "unavailable" and b[3] == "-" and b[4] == (
+        "no GPU driver (install: pip install no-such-distribution-for-arbiter-tests)")
+
+
+@pytest.fixture
+def train_mode_model(tmp_path):
+    path = tmp_path / "net.py"
+    path.write_text(TRAIN_MODEL)
+    return f"{path}:build"
+
+
+@pytest.mark.parametrize("flag, kinds", [([], ["backward", "forward"]),
+                                         (["--inference"], ["inference"])])
+def test_explain_and_report_follow_the_models_mode(flag, kinds, train_mode_model, tmp_path,
+                                                   capsys):
+    """Before: `explain` traced training by default and `report` inference: one model, two
+    plans. Now both follow model.training (a fresh module: training), flags override."""
+    out, err = _run(["explain", train_mode_model, *flag], capsys)
+    assert sorted(set(re.findall(r"^graph \d+ \((\w+)", out, re.M))) == kinds
+    assert "tracing for " + ("inference" if flag else "training") in err
+    js = tmp_path / "r.json"
+    _run(["report", train_mode_model, "--dry-run", "--json", str(js), *flag], capsys)
+    assert sorted(k["kind"] for k in json.loads(js.read_text())["kinds"]) == kinds
+
+
+def test_builtin_examples_are_traced_for_inference_by_both(capsys, tmp_path):
+    out, err = _run(["explain", "mlp"], capsys)
+    assert "graph 0 (inference" in out and "the model is in eval mode" in err
+    js = tmp_path / "r.json"
+    _run(["report", "mlp", "--dry-run", "--json", str(js)], capsys)
+    assert [k["kind"] for k in json.loads(js.read_text())["kinds"]] == ["inference"]
+    _run(["report", "mlp", "--dry-run", "--train", "--json", str(js)], capsys)
+    assert sorted(k["kind"] for k in json.loads(js.read_text())["kinds"]) == ["backward",
+                                                                              "forward"]
+
+
+def test_report_into_a_file_has_no_padded_tables(capsys):
+    """Before: redirected to a file, every table was drawn 100 columns wide with trailing
+    spaces."""
+    out, _ = _run(["report", "mlp", "--dry-run"], capsys)
+    lines = out.splitlines()
+    assert all(line == line.rstrip() for line in lines)
+    # the ops table is as wide as its cells (on a terminal it fills the 100 columns)
+    title = lines.index("graph 0: ops")
+    rule = next(line for line in lines[title:] if set(line.strip()) == {"─"})
+    assert len(rule) < 90, lines[title:title + 5]
