@@ -415,3 +415,19 @@ def test_wrong_numbers_alone_leave_a_dtype_allowed_but_unverified():
     fixed = manifest_update(once, result("x 2.0", "passed"))
     assert fixed["ops"][vm]["probed_dtypes"] == ["float32", "int64"]
     assert "unverified" not in fixed["probe"]
+
+
+def test_a_dtype_the_backend_holds_narrower_skips_the_sample(make_backend):
+    """A backend with ``narrow_dtypes`` (OpenVINO's int64) is never handed a node with a
+    tensor of that dtype (capability.py): the probe skips such a sample as a validator's
+    refusal, neither crediting nor blaming the dtype; ``narrow_dtype_ops`` are run."""
+    cls = make_backend("narrow64", OPS, compile=_sin_wrong)
+    cls.narrow_dtypes = {torch.int64: "held in 32 bits"}
+    result = probe(cls(), ops=["add", "sin"], dtypes=["float32", "int64"])
+    int64 = [s for s in result.samples if s.dtype == "int64"]
+    assert int64 and all((s.status, s.stage) == ("skipped", "validator") for s in int64)
+    assert "dtype int64: held in 32 bits" in int64[0].reason
+    assert result.passed["aten.add.Tensor"] == {"float32"}
+    assert "int64" not in result.failed.get("aten.sin.default", {})
+    cls.narrow_dtype_ops = frozenset({"aten.add.Tensor"})
+    assert "int64" in probe(cls(), ops=["add"], dtypes=["int64"]).passed["aten.add.Tensor"]

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from ..capability import tensor_descs
 from ..manifest import Manifest
 from ..ops import op_name, packet_name
 from ..registry import Backend
@@ -25,11 +26,19 @@ class Probe:
     tolerances: Optional[dict] = None
 
     def refused(self, nodes: Sequence[torch.fx.Node]) -> str:
-        """Why the backend's validators refuse a node of the sample ("" if none): arbiter
-        never hands such a node to it, so the sample says nothing about the backend."""
+        """Why the backend refuses a node of the sample ("" if none): a tensor of a dtype
+        it holds narrower (``Backend.narrow_dtypes``: OpenVINO's int64) or one of its
+        validators; arbiter never hands such a node to it (capability.py), so the sample
+        says nothing about the backend."""
         validators = self.backend.validators
+        narrow = self.backend.narrow_dtypes
         for n in nodes:
             name = op_name(n.target)
+            if narrow and name not in self.backend.narrow_dtype_ops:
+                for d in tensor_descs(n):
+                    why = narrow.get(d.dtype)
+                    if why is not None:
+                        return f"{name}: dtype {str(d.dtype).removeprefix('torch.')}: {why}"
             check = validators.get(name) or validators.get(packet_name(name))
             why = check(n) if check is not None else None
             if why:
