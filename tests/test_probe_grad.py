@@ -181,6 +181,24 @@ def test_a_forward_failing_on_what_it_returns_for_the_backward(make_backend, mon
     assert backward.status == "passed"
 
 
+def test_a_forward_failing_on_tuple_outputs_the_user_sees(make_backend, monkeypatch):
+    """The native_layer_norm OpInfo returns mean and rstd to the user: a backend that
+    cannot return them fails that forward; run again returning output 0 only, it passes,
+    and outputs 1-2 become `wrong_outputs` ("fails when returned"), the dtype kept (the
+    first OpenVINO run dropped float32 of batch norm for the same reason)."""
+    from arbiter.probe import training
+
+    monkeypatch.setattr(training, "TRAINING_RUNS", 1)
+    cls = make_backend("ln2", [LN], compile=_refuses_returned_statistics)
+    result = probe(cls(), ops=["native_layer_norm"], dtypes=["float32"], grad=True)
+    forward = [s for s in result.samples if s.graph == "forward"]
+    assert forward and all(s.status == "passed" for s in forward)
+    assert set(result.wrong_outputs(LN)) == {1, 2} and "float32" in result.passed[LN]
+    why = result.wrong_outputs(LN)[1]["float32"]
+    assert "fails when returned: compile: RuntimeError: could not convert" in why
+    assert not result.failed_dtypes
+
+
 #: A backend whose tanh_backward is off by 0.1 (its forward ops are right).
 _tanh_backward_wrong = off_where(torch.ops.aten.tanh_backward.default)
 

@@ -152,23 +152,30 @@ def _failing_saved(backend: Backend, gm: torch.fx.GraphModule, inputs: list,
                    tolerances: Optional[dict], saved_from: int,
                    failed: Outcome) -> Optional[Outcome]:
     """A training forward that failed loudly, again without the outputs saved for its
-    backward (what an inference partition of the same ops returns). When that passes,
-    the failure is what the forward returns: the saved outputs of its tuple-returning ops
-    are ``Outcome.wrong`` ("fails when returned": a node using one is refused, in
-    training), and the nodes that compute only saved values are ``Outcome.saved_only``
-    (blamed). None when it fails too, or when there is nothing to blame (a saved value
-    computed on the way to a returned one)."""
+    backward (what an inference partition of the same ops returns), and without the
+    outputs past the first of its tuple-returning ops that the user sees (the
+    ``native_batch_norm`` OpInfo returns ``save_mean`` and ``save_invstd``, which OpenVINO
+    cannot return; arbiter's graphs read them only in training). When that passes, the
+    failure is what the forward returns: those outputs of its tuple-returning ops are
+    ``Outcome.wrong`` ("fails when returned": a node using one is refused), and the nodes
+    that compute only saved values are ``Outcome.saved_only`` (blamed). None when it
+    fails too, or when there is nothing to blame (a saved value computed on the way to a
+    returned one)."""
     returned = returned_nodes(gm)
+    user_seen = returned[:saved_from]
+    extra = [n for n in user_seen if (o := tuple_output(n)) is not None and o[1] > 0]
     graph = torch.fx.Graph()
     env: dict = {}
     graph.graph_copy(gm.graph, env)
-    graph.output(tuple(env[n] for n in returned[:saved_from]))
+    graph.output(tuple(env[n] for n in user_seen if n not in extra))
     graph.eliminate_dead_code()
     user = torch.fx.GraphModule(gm, graph)
     kept = {n.name for n in graph.nodes}
-    why = f"fails when returned for the backward: {failed.stage}: {failed.reason}"
-    wrong = {o: why for o in map(tuple_output, returned[saved_from:])
-             if o is not None and o[0].name in kept}
+    why = f"{failed.stage}: {failed.reason}"
+    wrong = {o: f"fails when returned{' for the backward' * (k >= saved_from)}: {why}"
+             for k, o in enumerate(map(tuple_output, returned))
+             if (k >= saved_from or returned[k] in extra) and o is not None
+             and o[0].name in kept}
     saved_only = [n for n in gm.graph.nodes if n.op == "call_function"
                   and n.name not in kept and not is_getitem(n)]
     if not wrong and not saved_only:
