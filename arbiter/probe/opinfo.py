@@ -28,7 +28,8 @@ Blame and credit, per ATen overload (arbiter/probe/credit.py):
   failed);
 * a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
   (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
-  in-place or random op, a node a validator of the backend refuses, or a tensor of a
+  in-place or random op, a node the backend refuses (a validator, or a tensor of a
+  dtype it holds narrower: ``Backend.narrow_dtypes``), or a tensor of a
   dtype its node's entry does not allow and the probe does not try (arbiter never hands
   those to it), or when every (op, dtype) in it has already passed;
 * every output of a tuple-returning op is compared on its own: those a training forward
@@ -37,7 +38,8 @@ Blame and credit, per ATen overload (arbiter/probe/credit.py):
   one becomes that op's ``wrong_outputs`` in the sample's dtype (nodes of that dtype
   reading it are refused) and does not fail the sample; a wrong saved value of any
   other node fails it. A training forward failing loudly only with its saved outputs
-  returned credits its ops, makes those outputs ``wrong_outputs`` and blames the nodes
+  (or the user's outputs past the first of a tuple-returning op) returned credits its
+  ops, makes those outputs ``wrong_outputs`` and blames the nodes
   that compute only saved values (arbiter/probe/judge.py, ``run_sample``).
 
 ``arbiter.probe.update.manifest_update`` turns the result into manifest entries
