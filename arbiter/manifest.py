@@ -15,6 +15,7 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
         dtypes: [float32, float64, int64]   # what may run: declared minus tried-and-failed
         verified: probed
         probed_dtypes: [float32]            # the dtypes that passed the probe
+        training_dtypes: [float32]          # ... in a training graph (`probe --grad`)
       aten.addmm.default: {}  # one overload
       aten.gelu: {}           # every overload of aten.gelu
       aten.convolution.default: {max_rank: 5, note: "2-D and 3-D only"}
@@ -32,7 +33,11 @@ Lookup order for a node's op: the exact overload, then the op without overload, 
 ``arbiter.registry.Backend.validators``; for patterns ``Backend.check_pattern``).
 ``verified:`` says how an entry is known: ``declared`` (by the backend's own software),
 ``built`` (``arbiter probe --build-only``: converted and built, not run; ``built_dtypes``)
-or ``probed`` (run and compared with eager; ``probed_dtypes``).
+or ``probed`` (run and compared with eager; ``probed_dtypes``). ``training_dtypes`` (written
+by ``arbiter probe --grad``; absent in manifests from before it) is the part of
+``probed_dtypes`` that passed in a training graph: AOTAutograd's forward with every
+output it returns compared, those saved for the backward included, or its backward. It
+is a record of where an op was probed, not a condition: what may run is ``dtypes``.
 """
 from __future__ import annotations
 
@@ -91,14 +96,21 @@ class OpEntry(BaseModel):
     built_dtypes: Optional[list[str]] = Field(
         None, description="dtypes whose samples `arbiter probe --build-only` converted and "
         "built (not run: numbers were not compared)")
+    training_dtypes: Optional[list[str]] = Field(
+        None, description="the `probed_dtypes` in which a training graph holding the op "
+        "passed `arbiter probe --grad` (AOTAutograd's forward, every output it returns "
+        "compared, those saved for the backward included; or its backward). A record of "
+        "what was probed where: what may run is `dtypes`, what is verified "
+        "`probed_dtypes`")
     wrong_outputs: Optional[dict[int, dict[str, str]]] = Field(
         None, description="output index -> {dtype: why}: outputs of a tuple-returning op "
         "that the backend computes wrongly in samples of that dtype while the others are "
-        "right (written by `arbiter probe`, which compares every output); a node of such a "
+        "right, or cannot return (a training forward that failed only with them returned; "
+        "written by `arbiter probe`, which compares every output); a node of such a "
         "dtype that uses one is refused")
     note: Optional[str] = Field(None, description="free text shown in reports")
 
-    _dtypes = field_validator("dtypes", "probed_dtypes", "built_dtypes")(
+    _dtypes = field_validator("dtypes", "probed_dtypes", "built_dtypes", "training_dtypes")(
         classmethod(lambda cls, v: _check_dtypes(v)))
     _devices = field_validator("devices")(classmethod(lambda cls, v: _check_devices(v)))
     _wrong = field_validator("wrong_outputs")(classmethod(
@@ -170,8 +182,19 @@ class ProbeInfo(BaseModel):
     samples_passed: int = 0
     samples_failed: int = 0
     samples_skipped: int = 0
+    training_opinfos: str = Field("", description="`arbiter probe --grad` (training "
+                                  "graphs): OpInfos probed / selected")
+    training_samples_passed: int = Field(0, description="`--grad`: graphs (forward and "
+                                         "backward counted apart) that passed")
+    training_samples_failed: int = 0
+    training_samples_skipped: int = 0
     failed: dict[str, str] = Field(default_factory=dict, description="ops removed "
                                    "because every sample of them alone failed, with why")
+    unverified: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="op -> {dtype: why}: a sample of the op alone "
+        "gave wrong numbers in that dtype while another sample (other arguments) passed: "
+        "the dtype stays allowed but is not in `probed_dtypes` (kept while the versions "
+        "are the same)")
     dtypes_dropped: dict[str, dict[str, str]] = Field(
         default_factory=dict, description="op -> {dtype: why}: declared dtypes a sample "
         "with the op tried and no sample passed, so the op no longer allows them")
@@ -226,16 +249,20 @@ class Manifest(BaseModel):
         return None if entry is None else self._with_defaults(entry)
 
     def verification(self) -> str:
-        """How the entries are known, in a few words: "210 ops (probed 183, declared 27)"."""
+        """How the entries are known, in a few words: "210 ops (probed 183 of which 40 in
+        training graphs, declared 27)"."""
         if "*" in self.ops:
             return "all ops"
         counts: dict[str, int] = {}
         for e in self.ops.values():
             v = (e or OpEntry()).verified or self.defaults.verified
             counts[v] = counts.get(v, 0) + 1
+        trained = sum(bool(e and e.training_dtypes) for e in self.ops.values())
         order = ("probed", "built", "declared")
-        parts = [f"{k} {counts[k]}" for k in sorted(counts, key=lambda k: (
-            order.index(k) if k in order else len(order), k))]
+        parts = [f"{k} {counts[k]}" + (f" of which {trained} in training graphs"
+                                       if k == "probed" and trained else "")
+                 for k in sorted(counts, key=lambda k: (
+                     order.index(k) if k in order else len(order), k))]
         n, m = len(self.ops), len(self.patterns)
         text = f"{n} op{'s' * (n != 1)} ({', '.join(parts)})" if n else "no ops"
         if m:
@@ -302,6 +329,12 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
                 raise located.error(("ops", name, key), f"{', '.join(extra)} passed the "
                                     f"probe but the entry does not allow it (dtypes: "
                                     f"{', '.join(allowed) or 'none'})", ManifestError)
+        extra = [d for d in entry.training_dtypes or () if d not in (entry.probed_dtypes or ())]
+        if extra:
+            raise located.error(("ops", name, "training_dtypes"), f"{', '.join(extra)} passed "
+                                f"in a training graph but not in `probed_dtypes` "
+                                f"({', '.join(entry.probed_dtypes or ()) or 'none'})",
+                                ManifestError)
         if name == "*":
             continue
         try:

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.utils import _pytree as pytree
 
 import arbiter
-from arbiter.probe.opinfo import _nondeterministic, _pick_sample, opinfos, sample_fn
+from arbiter.probe.sampling import nondeterministic, opinfos, pick_sample, sample_fn
 from arbiter.run.verify import compare
 
 #: OpInfos for the CI sweep: elementwise, reductions, matmuls, normalizations, shape
@@ -61,9 +61,9 @@ def _run(fn, tensors, backend):
 
 def sweep_one(info, dtype: torch.dtype) -> tuple[str, str]:
     """(category, detail) for one OpInfo sample; see the module docstring."""
-    if _nondeterministic(info):
+    if nondeterministic(info):
         return "nondeterministic", "uninitialized or random outputs: nothing to compare"
-    sample = _pick_sample(info, dtype)
+    sample = pick_sample(info, dtype)
     if sample is None:
         return "no_sample", ""
     fn, tensors = sample_fn(info, sample)
@@ -179,7 +179,7 @@ def _grads(fn, tensors, wants, backend=None):
 def sweep_grad_one(info, dtype: torch.dtype) -> tuple[str, str]:
     """Like ``sweep_one``, for outputs and the gradients of every differentiable input
     (the forward graph's saved outputs reach the backward graph: any wrong one shows)."""
-    if _nondeterministic(info):
+    if nondeterministic(info):
         return "nondeterministic", "uninitialized or random outputs: nothing to compare"
     if not info.supports_autograd:
         return "no_sample", "no backward"
@@ -324,9 +324,9 @@ def sweep_nonfinite_one(info, dtype: torch.dtype, kinds=("nan",),
     (``arbiter.probe.opinfo.nonfinite_inputs``): a NaN must come out where eager's does."""
     from arbiter.probe.opinfo import nonfinite_inputs
 
-    if _nondeterministic(info):
+    if nondeterministic(info):
         return "nondeterministic", ""
-    sample = _pick_sample(info, dtype)
+    sample = pick_sample(info, dtype)
     if sample is None:
         return "no_sample", ""
     fn, tensors = sample_fn(info, sample)

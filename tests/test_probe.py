@@ -11,18 +11,13 @@ import arbiter
 from arbiter.errors import ManifestError
 from arbiter.manifest import Manifest, load_manifest, parse_manifest
 from arbiter.probe import manifest_update, probe, write_manifest
+from conftest import off_where
 
 OPS = ["aten.add.Tensor", "aten.mul.Tensor", "aten.sin.default", "aten.cos.default"]
 
 
-def _sin_wrong(self, gm, example_inputs):
-    """A backend that computes every op right except sin (off by 0.1)."""
-    uses_sin = any(n.target is torch.ops.aten.sin.default for n in gm.graph.nodes)
-
-    def fn(*args):
-        out = list(gm(*args))
-        return [o + 0.1 for o in out] if uses_sin else out
-    return fn
+#: A backend that computes every op right except sin (off by 0.1).
+_sin_wrong = off_where(torch.ops.aten.sin.default)
 
 
 def test_probe_credits_passes_and_blames_single_op_failures(make_backend):
@@ -98,7 +93,7 @@ def test_probe_cli_on_real_backend(tmp_path, capsys):
     assert doc["probe"]["backend_version"].startswith("onnxruntime")
     mul = load_manifest(out, backend="onnxruntime").ops["aten.mul.Tensor"]
     assert "float32" in mul.probed_dtypes  # with what the shipped manifest's probe passed
-    assert "float64" in mul.dtypes and "float64" not in mul.probed_dtypes  # declared: kept
+    assert "int32" in mul.dtypes and "int32" not in mul.probed_dtypes  # declared: kept
 
 
 @pytest.mark.slow
@@ -378,37 +373,61 @@ def test_passed_dtypes_must_be_allowed(key):
                        f"{key}: [int64]}}\n")
 
 
-def _tanh_backward_wrong(self, gm, example_inputs):
-    """A backend whose tanh_backward is off by 0.1 (its forward ops are right)."""
-    wrong = any(n.target is torch.ops.aten.tanh_backward.default for n in gm.graph.nodes)
-
-    def fn(*args):
-        out = list(gm(*args))
-        return [o + 0.1 for o in out] if wrong else out
-    return fn
-
-
-def test_grad_probe_runs_backward_graphs_and_catches_a_wrong_one(make_backend):
-    """--grad: the sample's backward graph (tanh_backward on the saved output), not its
-    forward, goes through the backend; a wrong backward is a failed sample."""
-    cls = make_backend("bwd", ["aten.tanh_backward.default", "aten.detach.default",
-                               "aten.tanh.default"], compile=_tanh_backward_wrong)
-    fwd = probe(cls(), ops=["tanh"], dtypes=["float32"])
-    assert fwd.counts()["passed"] == 1  # the forward holds no tanh_backward
-    result = probe(cls(), ops=["tanh"], dtypes=["float32"], grad=True)
-    assert result.grad and "(backward graphs)" in result.summary()
-    [sample] = [s for s in result.samples if s.status != "skipped"]
-    assert sample.status == "failed" and "aten.tanh_backward.default" in sample.ops
-    assert "aten.tanh_backward.default" not in result.passed
+def test_a_dtype_neither_allowed_nor_tried_skips_the_sample(make_backend):
+    """embedding reads int64 indices: with the entry allowing float32 only, a float32
+    probe skips the sample (arbiter never hands such a node to the backend); trying int64
+    runs it, and the pass adds int64."""
+    cls = make_backend("emb", ["aten.embedding.default"])
+    m = cls.manifest()
+    m.ops["aten.embedding.default"].dtypes = ["float32"]
+    m._resolved.cache_clear()
+    [skipped] = probe(cls(), ops=["nn.functional.embedding"], dtypes=["float32"]).samples
+    assert (skipped.status, skipped.stage) == ("skipped", "dtype")
+    assert skipped.reason.startswith("aten.embedding.default in int64: neither allowed")
+    result = probe(cls(), ops=["nn.functional.embedding"], dtypes=["float32", "int64"])
+    assert result.passed["aten.embedding.default"] == {"float32", "int64"}
 
 
-def test_grad_probe_decomposes_for_the_backend(capsys):
-    """ONNX Runtime's manifest decomposes tanh_backward: the --grad probe runs the
-    decomposition through it and says so."""
-    from arbiter.cli import main
+def test_wrong_numbers_alone_leave_a_dtype_allowed_but_unverified():
+    """var_mean on OpenVINO: right with a dim, wrong over every dim (float32): the dtype
+    passed, so it stays allowed, but it is not verified (`probed_dtypes`) on these
+    versions, whatever a later run passes; other versions start again."""
+    from arbiter.probe import ProbeResult, SampleResult
 
-    assert main(["probe", "onnxruntime", "--ops", "tanh", "--dtypes", "float32",
-                 "--grad"]) == 0
-    out = capsys.readouterr().out
-    assert "onnxruntime (backward graphs): 1/1 OpInfos" in out
-    assert "decomposed for it: 1 ops passed (aten.tanh_backward.default)" in out
+    vm = "aten.var_mean.correction"
+
+    def result(version, *statuses):
+        r = ProbeResult("x", version, str(torch.__version__), ["float32"])
+        for status in statuses:
+            r.record(SampleResult("var_mean", "float32", [vm], status,
+                                  "" if status == "passed" else "numbers",
+                                  "" if status == "passed" else "max abs error 0.195"),
+                     {(vm, "float32"), (vm, "int64")})
+        return r
+
+    doc = {"backend": "x", "defaults": {"dtypes": ["float32", "int64"]}, "ops": {vm: {}}}
+    once = manifest_update(doc, result("x 1.0", "passed", "failed"))
+    assert once["ops"][vm] == {"verified": "probed", "probed_dtypes": ["int64"]}
+    assert once["probe"]["unverified"] == {vm: {"float32": "numbers: max abs error 0.195"}}
+    Manifest.model_validate(once)
+    again = manifest_update(once, result("x 1.0", "passed"))  # the failing sample not run
+    assert again["ops"][vm]["probed_dtypes"] == ["int64"] and again["probe"]["unverified"]
+    fixed = manifest_update(once, result("x 2.0", "passed"))
+    assert fixed["ops"][vm]["probed_dtypes"] == ["float32", "int64"]
+    assert "unverified" not in fixed["probe"]
+
+
+def test_a_dtype_the_backend_holds_narrower_skips_the_sample(make_backend):
+    """A backend with ``narrow_dtypes`` (OpenVINO's int64) is never handed a node with a
+    tensor of that dtype (capability.py): the probe skips such a sample as a validator's
+    refusal, neither crediting nor blaming the dtype; ``narrow_dtype_ops`` are run."""
+    cls = make_backend("narrow64", OPS, compile=_sin_wrong)
+    cls.narrow_dtypes = {torch.int64: "held in 32 bits"}
+    result = probe(cls(), ops=["add", "sin"], dtypes=["float32", "int64"])
+    int64 = [s for s in result.samples if s.dtype == "int64"]
+    assert int64 and all((s.status, s.stage) == ("skipped", "validator") for s in int64)
+    assert "dtype int64: held in 32 bits" in int64[0].reason
+    assert result.passed["aten.add.Tensor"] == {"float32"}
+    assert "int64" not in result.failed.get("aten.sin.default", {})
+    cls.narrow_dtype_ops = frozenset({"aten.add.Tensor"})
+    assert "int64" in probe(cls(), ops=["add"], dtypes=["int64"]).passed["aten.add.Tensor"]

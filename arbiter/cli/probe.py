@@ -10,10 +10,15 @@ passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.
 --dynamic probes symbolic shapes instead: each sample traced with symbolic sizes, compiled
 once and run at two sizes; --write marks the ops that passed `dynamic: true`.
 
---grad: each sample's backward graph is probed instead (the `*_backward` ops a training
-step's backward partitions hold, with the forward's saved tensors); ops the manifest's
-`decompositions:` names are decomposed for the backend, as in a partition, and the
-summary says which of them passed.
+--grad: each sample's training graphs are probed instead, as AOTAutograd hands them to
+arbiter: the forward (`_embedding_bag`, `max_pool2d_with_indices`, `native_layer_norm`...),
+every output it returns compared with eager, those saved for the backward included (a
+wrong one of a tuple-returning op is written as `wrong_outputs`), then the backward (the
+`*_backward` ops, with the forward's saved tensors). An OpInfo whose forward holds an op
+with several outputs gets more samples, one per new argument value (embedding_bag's
+modes). Ops the manifest's `decompositions:` names are decomposed for the backend, as in
+a partition, and the summary says which of them passed. --write also records the ops
+credited by a training graph (`training_dtypes:`) and the counts apart (`training_*`).
 
 --edges runs the edge-value samples of arbiter/probe/edges.py instead (integer overflow,
 empty dimensions, huge magnitudes, NaN made inside a graph, auxiliary outputs) and says
@@ -51,9 +56,9 @@ def add_arguments(parser) -> None:
                              "backend that builds where it cannot run: tensorrt); passes "
                              "are written `verified: built`")
     parser.add_argument("--grad", action="store_true",
-                        help="probe each sample's backward graph (what AOTAutograd hands "
-                             "arbiter for a training step: *_backward ops, saved tensors) "
-                             "instead of its forward")
+                        help="probe each sample's training graphs (what AOTAutograd hands "
+                             "arbiter for a training step): the forward, every output "
+                             "compared, saved ones included, then the backward")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write every sample's result as JSON")
     parser.add_argument("--edges", action="store_true",
@@ -68,7 +73,8 @@ def run(args) -> int:
 
     from ..errors import ArbiterError, require_known
     from ..manifest import DTYPES
-    from ..probe.opinfo import DEFAULT_DTYPES, probe, stderr_progress, summarize_failures
+    from ..probe.opinfo import DEFAULT_DTYPES, probe, stderr_progress
+    from ..probe.result import summarize_failures
     from ..probe.update import write_manifest
     from ..registry import Backend, get_backend_class
 
@@ -91,7 +97,7 @@ def run(args) -> int:
                            "runs each artifact at two sizes")
     if args.grad and (dynamic or args.build_only):
         raise ArbiterError("--grad cannot be combined with --dynamic or --build-only: "
-                           "backward graphs are probed with static shapes, run")
+                           "training graphs are probed with static shapes, run")
     dtypes = args.dtypes.split(",") if args.dtypes else \
         (["float32"] if dynamic else list(DEFAULT_DTYPES))
     try:

@@ -88,6 +88,19 @@ def value_descs(value: Any) -> tuple:
     return tuple(map(_desc, tensors_in(value)))
 
 
+def narrow_refusal(backend: Backend, node: torch.fx.Node, name: str) -> str:
+    """Why ``backend`` refuses ``node`` for a value of a dtype it holds narrower
+    (``Backend.narrow_dtypes``), or "". Positions into a tensor (``ops.value_dtypes``) stay
+    far below any such range and are not judged."""
+    if not backend.narrow_dtypes or name in backend.narrow_dtype_ops:
+        return ""
+    for dtype in value_dtypes(node):
+        why = backend.narrow_dtypes.get(dtype)
+        if why is not None:
+            return f"dtype {str(dtype).removeprefix('torch.')}: {why}"
+    return ""
+
+
 def tensor_descs(node: torch.fx.Node, memo: Optional[dict] = None) -> tuple:
     """Descriptors of every tensor the node reads or writes, from FakeTensor metadata:
     each distinct input node's value, in argument order, then the node's own value.
@@ -318,11 +331,9 @@ class CapabilityTable:
         entry = backend.manifest().entry(name)
         if entry is None:
             return f"{name} is not in the {backend.name} manifest{declined}"
-        if backend.narrow_dtypes and name not in backend.narrow_dtype_ops:
-            for dtype in value_dtypes(node):  # positions (indices) stay far below the range
-                why = backend.narrow_dtypes.get(dtype)
-                if why is not None:
-                    return f"dtype {str(dtype).removeprefix('torch.')}: {why}"
+        why = narrow_refusal(backend, node, name)
+        if why:
+            return why
         for d in descs:
             if d.dtype is None:  # SYMBOLIC_SCALAR: judged by the caller
                 continue

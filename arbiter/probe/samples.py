@@ -7,7 +7,7 @@ decompositions), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of a symbolic 
 ``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
 overload directly, with sizes computed from its inputs (a fixed target size would pin
 the symbols), and goes through the same probe as an OpInfo sample
-(``arbiter.probe.opinfo``): it quacks like an OpInfo (``name``, ``aten_name``,
+(``arbiter.probe.dynamic``): it quacks like an OpInfo (``name``, ``aten_name``,
 ``sample_inputs``, ``supported_dtypes``, ``op``). Used by the dynamic probe only.
 """
 from __future__ import annotations

@@ -3,8 +3,12 @@
 See ``arbiter.probe.opinfo`` for what a probe finds; here is what the manifest becomes:
 an op keeps the dtypes it allowed before minus those tried and never passed, plus those
 that passed (``manifest_dtypes``); an op that passed becomes ``verified: probed`` with
-``probed_dtypes``; an op whose samples alone failed in every dtype it allowed is removed;
-wrong unreturned outputs become ``wrong_outputs``; the ``probe:`` record adds up runs.
+``probed_dtypes``, less the dtypes in which a sample of it alone gave wrong numbers
+(other arguments passed: allowed, not verified; ``probe.unverified``, kept while the
+versions are the same); an op whose samples alone failed in every dtype it allowed is
+removed; outputs found wrong one by one (unreturned, or saved by a training forward) become
+``wrong_outputs``; ops a training graph passed (``--grad``) get ``training_dtypes``; the
+``probe:`` record adds up runs (a training probe's counts apart: ``training_*``).
 A build-only probe (``ProbeResult.mode == "build"``) writes ``verified: built`` and
 ``built_dtypes`` instead (an entry already ``probed`` stays so: running says more).
 """
@@ -15,7 +19,7 @@ from collections.abc import Iterable
 
 from ..manifest import DTYPES, Defaults, parse_manifest
 from ..ops import packet_name
-from .opinfo import ProbeResult
+from .result import ProbeResult
 
 
 def manifest_dtypes(allowed: Iterable[str], probed: Iterable[str],
@@ -69,8 +73,7 @@ def dynamic_update(doc: dict, result: ProbeResult) -> dict:
                  **{op: why for op, why in result.dynamic_partial.items()
                     if op not in failed}}.items()))}
     if not same:  # the dtype record belongs to other versions: start it again
-        for k in ("dtypes_tried", "opinfos", "samples_passed", "samples_failed",
-                  "samples_skipped"):
+        for k in ("dtypes_tried", *COUNTS, *(f"training_{k}" for k in COUNTS)):
             probe.pop(k, None)
     out["probe"] = probe
     return out
@@ -90,6 +93,18 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
     # float32 never tried). An op that passed, now or earlier, always keeps those dtypes.
     removed: dict[str, str] = {}
     dropped_now: dict[str, dict] = {}
+    # A probe of other OpInfos (--ops) on the same versions adds to the record. The counts
+    # start again on other versions; why ops are missing or narrowed (`failed`,
+    # `dtypes_dropped`) stays as long as they are.
+    kept = prev = doc.get("probe") or {}
+    same = (prev.get("torch") == str(result.torch_version)
+            and prev.get("backend_version") == str(result.backend_version)
+            and prev.get("mode", "run") == result.mode)
+    if not same:
+        prev = {}
+    # a dtype some sample of the op alone computed wrongly is not verified on these
+    # versions, whatever other samples (other arguments) passed
+    unverified = _merge(prev.get("unverified", {}), result.wrong_alone)
     for op in sorted(set(result.passed) | set(result.failed_dtypes)):
         # an overload: a probe verifies overloads, not whole packets
         key = op if op in ops else packet_name(op)
@@ -106,6 +121,13 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         dtypes, _ = manifest_dtypes(allowed, passed, dropped)
         probed = manifest_dtypes((), result.passed.get(op, set())
                                  | set(entry.get(passed_key) or ()), ())[1]
+        if not built:
+            probed = [d for d in probed if d not in unverified.get(op, ())]
+            if not probed and entry.get("verified") == "probed":  # no longer verified
+                entry.pop("probed_dtypes", None)
+                entry.pop("verified")
+                if entry.get("built_dtypes"):
+                    entry["verified"] = "built"
         if not dtypes and op in result.failed:  # failed alone in every dtype it allowed
             dname, reason = next(iter(result.failed[op].items()))
             removed[op] = f"{dname}: {reason}"[:300]
@@ -117,6 +139,13 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             if not (built and entry.get("verified") == "probed"):
                 entry["verified"] = "built" if built else "probed"
             entry[passed_key] = probed
+        trained = [d for d in manifest_dtypes((), result.trained.get(op, set())
+                                              | set(entry.get("training_dtypes") or ()), ())[1]
+                   if d in probed]
+        if trained:
+            entry["training_dtypes"] = trained
+        else:
+            entry.pop("training_dtypes", None)
         # earlier findings stay unless this probe passed that output in that dtype
         passed_outputs = result.outputs_passed.get(op, set())
         wrong: dict = {}
@@ -136,17 +165,6 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
             ops[op] = entry
     out = dict(doc)
     out["ops"] = dict(sorted(ops.items()))
-    c = result.counts()
-    # A later probe of other OpInfos (--ops) on the same versions adds to the record.
-    # The counts start again on other versions; why ops are missing or narrowed
-    # (`failed`, `dtypes_dropped`) stays as long as they are.
-    kept = prev = doc.get("probe") or {}
-    same = (prev.get("torch") == str(result.torch_version)
-            and prev.get("backend_version") == str(result.backend_version)
-            and prev.get("mode", "run") == result.mode)
-    if not same:
-        prev = {}
-    opinfos_run = f"{result.opinfos_done}/{result.opinfos_total}"
     out["probe"] = {
         "date": datetime.date.today().isoformat(),
         "torch": str(result.torch_version),
@@ -154,18 +172,45 @@ def manifest_update(doc: dict, result: ProbeResult) -> dict:
         **({"mode": "build"} if built else {}),
         "dtypes_tried": sorted(set(prev.get("dtypes_tried", [])) | set(result.dtypes),
                                key=list(DTYPES).index),
-        "opinfos": f"{prev['opinfos']} + {opinfos_run}" if prev.get("opinfos") else opinfos_run,
-        "samples_passed": prev.get("samples_passed", 0) + c["passed"],
-        "samples_failed": prev.get("samples_failed", 0) + c["failed"],
-        "samples_skipped": prev.get("samples_skipped", 0) + c["skipped"],
+        # the inference probe's counts, then the training probe's (--grad)
+        **_counts(prev, result, ""),
+        **_counts(prev, result, "training_"),
         "failed": {op: why for op, why in sorted({**kept.get("failed", {}), **removed}.items())
                    if op not in out["ops"]},  # one put back (by hand) and passed is not
         "dtypes_dropped": _merge_dropped(kept.get("dtypes_dropped", {}), dropped_now,
                                          out["ops"]),
+        **({"unverified": {op: per for op, per in unverified.items() if op in out["ops"]}}
+           if unverified else {}),
     }
     if same:  # a dynamic probe's record (dynamic_update) on the same versions stays
         out["probe"].update({k: v for k, v in prev.items() if k.startswith("dynamic_")})
     return out
+
+
+#: The counts of a probe's record, each kept apart for the inference probe (no prefix)
+#: and the training probe (``training_``).
+COUNTS = ("opinfos", "samples_passed", "samples_failed", "samples_skipped")
+
+
+def _counts(prev: dict, result: ProbeResult, prefix: str) -> dict:
+    """The record's counts of one kind of probe: this one's added to ``prev``'s when it is
+    that kind, ``prev``'s as they were otherwise (none when empty)."""
+    if prefix != ("training_" if result.grad else ""):
+        return {f"{prefix}{k}": prev[f"{prefix}{k}"] for k in COUNTS if f"{prefix}{k}" in prev}
+    c = result.counts()
+    run = f"{result.opinfos_done}/{result.opinfos_total}"
+    before = prev.get(f"{prefix}opinfos")
+    return {f"{prefix}opinfos": f"{before} + {run}" if before else run,
+            **{f"{prefix}samples_{s}": prev.get(f"{prefix}samples_{s}", 0) + c[s]
+               for s in ("passed", "failed", "skipped")}}
+
+
+def _merge(prev: dict, new: dict) -> dict:
+    """op -> {dtype: why}, ``new``'s reasons over ``prev``'s, sorted."""
+    order = list(DTYPES).index
+    return {op: dict(sorted({**prev.get(op, {}), **new.get(op, {})}.items(),
+                            key=lambda kv: order(kv[0]) if kv[0] in DTYPES else len(DTYPES)))
+            for op in sorted(set(prev) | set(new))}
 
 
 def _merge_dropped(prev: dict, new: dict, ops: dict) -> dict:
