@@ -40,12 +40,9 @@ CONFIGS = ("default", "cpu_all")
 FAST = {
     "default": (
         "embedding_bag_sum_padding", "embedding_bag_mean_padding", "embedding_bag_max",
-        "scatter_reduce_mean", "logcumsumexp_wide_range", "ctc_loss", "interpolate_area", "cumsum", "scatter_add",
-        "index_put_accumulate", "scatter_reduce_amax", "gather", "fold_unfold", "topk",
-        "sort", "adaptive_max_pool2d", "nll_loss_weight_ignore_sum",
-        "bce_with_logits_pos_weight", "kl_div_batchmean", "group_norm", "batch_norm_train",
-        "conv_transpose2d_groups_dilation", "logsumexp", "glu_prelu", "roll_flip",
-        "tril_triu", "bucketize_side_input",
+        "scatter_reduce_mean", "logcumsumexp_wide_range", "cumsum", "scatter_add",
+        "index_put_accumulate", "gather", "topk", "group_norm", "batch_norm_train",
+        "conv_transpose2d_groups_dilation", "glu_prelu", "tril_triu",
     ),
     "cpu_all": ("embedding_bag_mean_padding", "interpolate_area", "glu_prelu", "sort",
                 "cumsum", "gather", "group_norm", "tril_triu", "logsumexp", "roll_flip"),
@@ -54,8 +51,8 @@ FAST = {
 #: Shares of a config's cases whose key op's forward nodes must run on a backend other than
 #: eager, and on the config's first backend. Observed (2026-11-26; torch 2.13, onnxruntime
 #: 1.32, openvino 2026.4, shipped manifests, verify `unverified`): `default` 48 of the 77
-#: cases on a backend (0.62), 47 on ONNX Runtime (0.61); its fast subset 16 of 27 (0.59).
-#: `cpu_all` 47 of 77 (0.61), 31 on OpenVINO (0.40); its fast subset 10 of 10. Before the
+#: cases on a backend (0.62), 47 on ONNX Runtime (0.61); its fast subset 10 of 15.
+#: `cpu_all` 47 of 77 (0.61), 31 on OpenVINO (0.40); its fast subset 8 of 10. Before the
 #: ONNX export's refusals of embedding bags' read outputs, scatter_reduce's mean and
 #: logcumsumexp, `default` had 54 (those partitions ran on ONNX Runtime, were checked at
 #: first use, and demoted to Inductor whole); refused up front, each key op is a partition

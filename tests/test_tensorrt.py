@@ -149,8 +149,10 @@ def test_arbiter_backends_says_what_runs_and_what_was_verified(trt, capsys):
 
 
 def test_build_only_probe_marks_entries_built(backend):
-    result = probe(backend, ops=["add", "nn.functional.cross_entropy"], dtypes=["float32"],
-                   build_only=True)
+    # int64 tried too: the cross-entropy graph holds int64 targets, and a graph holding a
+    # dtype its node's entry neither allows nor the probe tries is skipped
+    result = probe(backend, ops=["add", "nn.functional.cross_entropy"],
+                   dtypes=["float32", "int64"], build_only=True)
     assert result.mode == "build"
     assert "float32" in result.passed["aten.add.Tensor"]
     failed = [s for s in result.samples if s.status == "failed"]
@@ -160,7 +162,8 @@ def test_build_only_probe_marks_entries_built(backend):
         "aten.add.Tensor": {}, "aten.nll_loss_forward.default": {},
         "aten._log_softmax.default": {}}}
     new = manifest_update(doc, result)
-    assert new["ops"]["aten.add.Tensor"] == {"verified": "built", "built_dtypes": ["float32"]}
+    assert new["ops"]["aten.add.Tensor"] == {"verified": "built",
+                                             "built_dtypes": ["float32", "int64"]}
     # the failed graph (float32 scores, int64 targets) had two ops: it drops both dtypes
     # from nll_loss_forward, which keeps its entry (it never failed alone) allowing none,
     # and float32 from _log_softmax, which keeps int64 as declared
