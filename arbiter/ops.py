@@ -179,6 +179,27 @@ def tensors_in(value: Any) -> list:
     return []
 
 
+#: Tensors of at most this many elements in all are checked with one sum (``all_finite``).
+_SMALL = 1 << 16
+
+
+def all_finite(tensors) -> bool:
+    """Whether every floating tensor among ``tensors`` is free of NaN and inf: one sum each
+    (NaN and inf survive a sum; 15 us for 150k float32 values, where
+    ``isfinite(t).all()`` took milliseconds), confirmed element-wise only when the sum is
+    not finite (finite values can overflow it). Small tensors of one dtype are summed
+    together (a norm's twelve ``rsqrt`` rows: 3 torch calls, not 24)."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
+            len({t.dtype for t in tensors}) == 1:
+        if bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors]).sum())):
+            return True
+    for t in tensors:
+        if t.numel() and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
+            return False
+    return True
+
+
 def output_values(gm: torch.fx.GraphModule) -> Optional[list]:
     """The traced value (``meta["val"]``) of each output of a graph returning a tuple,
     in order: a tensor, another value, or None where an output has no metadata; None

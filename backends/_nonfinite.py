@@ -31,7 +31,7 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 import torch.fx
 
-from arbiter.ops import nonfinite_nodes, op_name, packet_name
+from arbiter.ops import all_finite, nonfinite_nodes, op_name, packet_name
 
 from ._edge_values import MEANS, VARIANCES, argument, may_be_zero, reduced_sizes
 
@@ -170,26 +170,6 @@ def with_outputs(gm: torch.fx.GraphModule, extra: list[torch.fx.Node]) -> torch.
     values = list(out) if isinstance(out, (list, tuple)) else [out]
     graph.output(tuple(values + [env[n] for n in extra]))
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-#: Taps of at most this many elements in all are checked with one sum (``all_finite``).
-_SMALL = 1 << 16
-
-
-def all_finite(tensors) -> bool:
-    """Whether every floating tensor is free of NaN and inf: one sum each (NaN and inf
-    survive a sum), confirmed element-wise only when the sum is not finite (finite
-    values can overflow it). Small tensors are summed together (a norm's twelve
-    ``rsqrt`` rows: 3 torch calls, not 24)."""
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
-            len({t.dtype for t in tensors}) == 1:
-        if bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors]).sum())):
-            return True
-    for t in tensors:
-        if t.numel() and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
-            return False
-    return True
 
 
 class Tapped:
