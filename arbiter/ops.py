@@ -226,26 +226,76 @@ INDEX_RETURNS = {
 }
 
 
+#: Ops that move their data argument's values without computing new ones (``DATA_ARGS``
+#: names that argument): when every reader of their output takes it as positions, the
+#: values they move are positions too (BERT's token-type ids: an int64 buffer sliced,
+#: expanded and gathered, then read as an embedding's indices).
+DATA_MOVES = frozenset({
+    "aten.slice", "aten.expand", "aten.view", "aten.reshape", "aten._unsafe_view",
+    "aten.clone", "aten.gather", "aten.index_select", "aten.select", "aten.unsqueeze",
+    "aten.squeeze", "aten.permute", "aten.t", "aten.transpose", "aten.alias",
+    "aten.detach", "aten.cat", "aten.repeat", "aten.flatten", "aten.narrow",
+    "aten.index"})
+DATA_ARGS = frozenset({"self", "input", "tensors"})
+
+
+def _arg_names_reading(user: torch.fx.Node, node: torch.fx.Node) -> Optional[set]:
+    """The schema names of ``user``'s arguments that hold ``node``; None when ``user``
+    has no schema or reads it otherwise (nested in a non-list argument)."""
+    schema = getattr(user.target, "_schema", None)
+    if schema is None:
+        return None
+    names = set()
+    for i, arg in enumerate(schema.arguments):
+        value = user.args[i] if i < len(user.args) else user.kwargs.get(arg.name)
+        if value is node or (isinstance(value, (list, tuple)) and node in value):
+            names.add(arg.name)
+    return names or None
+
+
+def read_as_positions(node: torch.fx.Node, depth: int = 0) -> bool:
+    """Whether every reader of ``node``'s value takes it as positions (``INDEX_NAMES``),
+    directly or through ops that only move it (``DATA_MOVES``); a value the graph
+    returns, or any other reader, is a value. Chains are followed 8 deep."""
+    if not node.users or depth > 8:
+        return False
+    for user in node.users:
+        names = _arg_names_reading(user, node)
+        if names is None:
+            return False
+        if names <= INDEX_NAMES:
+            continue
+        if not (names <= DATA_ARGS and packet_name(op_name(user.target)) in DATA_MOVES
+                and read_as_positions(user, depth + 1)):
+            return False
+    return True
+
+
 def value_dtypes(node: torch.fx.Node) -> set:
     """The dtypes of the tensors ``node`` reads or writes as values, leaving out those
-    its op's schema names as positions (``INDEX_NAMES``): a backend that holds a dtype
-    narrower than its range computes values wrong past it, but positions into a tensor
-    stay far below any such range. A node without a schema: every tensor it touches."""
+    its op's schema names as positions (``INDEX_NAMES``, ``INDEX_RETURNS``), and the
+    data an op of ``DATA_MOVES`` moves into positions only (``read_as_positions``): a
+    backend that holds a dtype narrower than its range computes values wrong past it,
+    but positions into a tensor stay far below any such range (an index past it is an
+    error in eager). A node without a schema: every tensor it touches."""
     schema = getattr(node.target, "_schema", None)
     out: set = set()
     if schema is None:
         for inp in node.all_input_nodes:
             out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
         return out | {t.dtype for t in tensors_in(node.meta.get("val"))}
+    moved = (packet_name(op_name(node.target)) in DATA_MOVES and read_as_positions(node))
     for i, arg in enumerate(schema.arguments):
         value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        if arg.name in INDEX_NAMES:
+        if arg.name in INDEX_NAMES or (moved and arg.name in DATA_ARGS):
             continue
         for inp in (value if isinstance(value, (list, tuple)) else [value]):
             if isinstance(inp, torch.fx.Node):
                 out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
     val = node.meta.get("val")
     vals = val if isinstance(val, (list, tuple)) and len(schema.returns) > 1 else [val]
+    if moved:
+        return out
     positions = INDEX_RETURNS.get(packet_name(op_name(node.target)), ())
     for k, (ret, v) in enumerate(zip(schema.returns, vals)):
         if ret.name not in INDEX_NAMES and k not in positions:

@@ -30,8 +30,8 @@ import torch.fx
 
 from ..decompose import NotDecomposable, for_names
 from ..findings import findings
-from ..ops import (is_getitem, is_mutating, is_random, op_name, packet_name, produces_tensor,
-                  random_depends_on_args, tensors_in, value_dtypes)
+from ..ops import (DATA_MOVES, is_getitem, is_mutating, is_random, op_name, packet_name,
+                  produces_tensor, random_depends_on_args, tensors_in, value_dtypes)
 from ..registry import Backend
 from ..shapes import REASON as SHAPES_REASON
 
@@ -263,6 +263,9 @@ class CapabilityTable:
                 or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
                 or name in b.manifest().decompositions or pk in b.manifest().decompositions
                 or bool(found_wrong(b, name))
+                # and one moving data a narrow backend may take as positions, by its
+                # readers (ops.read_as_positions)
+                or (pk in DATA_MOVES and bool(b.narrow_dtypes))
                 for b in self.backends)
         return hit
 
