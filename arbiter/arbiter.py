@@ -292,7 +292,13 @@ class Arbiter:
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
         timed = choice.timed  # what the policy has timed on the first call (measure/)
-        if timed is not None and len(timed.candidates) > 1:
+        acc = self.config.accuracy
+        # config `accuracy`: the per-module search may find a placement even when every
+        # whole-graph variant plan equals the policy's (a variant of a backend that runs
+        # nothing of it in the policy's plan)
+        per_module = acc is not None and acc.per_module and bool(self.planner.variants) \
+            and context.lowered_ok
+        if timed is not None and (len(timed.candidates) > 1 or per_module):
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
                 self._install(record, p, r)
                 # the placements not chosen: their pieces (compiled sessions) go with them
@@ -304,7 +310,7 @@ class Arbiter:
             graph = GraphToMeasure(gm, constants, record, label, lambda c: build(c.plan),
                                    install)
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
-                               accuracy=self.config.accuracy)
+                               accuracy=acc, per_module=per_module)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn

@@ -69,10 +69,13 @@ class MeasuredGraph:
     docstring."""
 
     def __init__(self, timed: TimedChoice, graph: GraphToMeasure, planner: Planner,
-                 options: Any, cache: Optional[Cache], accuracy: Any = None):
+                 options: Any, cache: Optional[Cache], accuracy: Any = None,
+                 per_module: bool = False):
         """``options``: the config's ``measure`` options (mixing and refinement only when
         ``timed.search``); ``accuracy``: the config's tolerance (rtol, atol) for
-        lower-precision candidates (``Candidate.lowered``)."""
+        lower-precision candidates (``Candidate.lowered``); ``per_module``: the graph may
+        run lowered module by module (permodule.py: config `accuracy`, an inference graph
+        of static shapes, a variant offered)."""
         if not timed.search:
             options = options.model_copy(update={"refine": False, "mix": False})
         self._graph = graph
@@ -85,6 +88,7 @@ class MeasuredGraph:
         self._timing = Timing(options, graph.build, graph.label)
         self._acceptance = Acceptance(graph.gm, accuracy, graph.build, graph.label)
         self._accuracy = accuracy
+        self._per_module = per_module
         self._calibration: list[calibrate.Sample] = []  # inside arbiter.tune
         self._precision: Optional[PrecisionOutcome] = None
         self._lock = threading.Lock()
@@ -286,7 +290,7 @@ class MeasuredGraph:
         """Config `accuracy` (``per_module``): precision module by module
         (permodule.py); its failure leaves the whole-graph choice standing."""
         acc = self._accuracy
-        if acc is None or not acc.per_module or not any(c.lowered for c in self.candidates):
+        if acc is None or not self._per_module:
             return
         self._acceptance.ensure(args)
         search = PrecisionSearch(self._planner, self._graph.gm, self.candidates,

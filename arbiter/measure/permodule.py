@@ -8,9 +8,10 @@ cut as mixing cuts: mix.module_segments) run on the variant and the rest in floa
    its own on the variant; the other segments run in eager (float32). Pieces are shared
    by (chain, nodes), so each segment compiles once and any set of lowered segments is a
    plan that runs without compiling: every evaluation below costs runs only.
-2. **Speed**: one run of every segment lowered and one with the first instance of each
-   kind on the variant's backend at float32, each piece timed: a segment's gain is its
-   kind's float32 time less its lowered time. Segments that gain nothing stay float32.
+2. **Speed**: runs of every segment lowered and of the first instance of each kind on
+   the variant's backend at float32, interleaved, each piece timed: a kind's gain is its
+   float32 time less its lowered instances' median. Segments that gain less than
+   ``MIN_GAIN`` stay float32.
 3. **Error**: all segments lowered, judged on the calibration samples (bound.py); within
    the bound, done. Else each segment lowered alone (its sensitivity, ``score``: the
    worst measure over its bound), then the segments in order of score per ms gained,
@@ -57,7 +58,7 @@ PRECISION_MARGIN = 0.03
 #: A segment stays float32 unless lowering it gains more than this share of its time.
 MIN_GAIN = 0.05
 #: Timed runs per segment plan (medians of each piece's times).
-TIMED_RUNS = 3
+TIMED_RUNS = 5
 
 
 @dataclass
@@ -202,19 +203,21 @@ class PrecisionSearch:
             return
         plans = SegmentPlans(self, segs, by_name, name, base)
         self._progress(f"compiling {len(able)} segments on {name}")
-        low_fn = plans.fn(set(able))
-        low_ms = plans.times(low_fn, args, name)
-        able = [i for i in able if i in low_ms]  # the others fell back: not on the variant
         firsts = {segs[i].kind: i for i in reversed(able)}
-        f32_ms = plans.times(plans.fn(set(firsts.values()), base_name), args, base_name)
+        low_fn, f32_fn = plans.fn(set(able)), plans.fn(set(firsts.values()), base_name)
+        low_ms, f32_ms = plans.times([(low_fn, name), (f32_fn, base_name)], args)
+        able = [i for i in able if i in low_ms]  # the others fell back: not on the variant
+        # by kind (one f32 instance each, every lowered one): less noise than one by one
+        kind_low = {k: statistics.median(low_ms[i] for i in able if segs[i].kind == k)
+                    for k in {segs[i].kind for i in able}}
         for i in able:
             sp = out.segments[i]
             sp.low_ms = round(low_ms[i], 4)
             f32 = f32_ms.get(firsts[segs[i].kind])
             sp.f32_ms = None if f32 is None else round(f32, 4)
-            if f32 is None or low_ms[i] > f32 * (1 - MIN_GAIN):
+            if f32 is None or kind_low[segs[i].kind] > f32 * (1 - MIN_GAIN):
                 sp.why = "no faster lowered"
-        gain = {i: out.segments[i].f32_ms - out.segments[i].low_ms for i in able
+        gain = {i: out.segments[i].f32_ms - kind_low[segs[i].kind] for i in able
                 if not out.segments[i].why}
         if not gain:
             out.notes.append(f"no segment is faster on {name} than on {base_name}")
@@ -345,27 +348,30 @@ class SegmentPlans:
             self._fns[key] = (fn, seg_of)
         return self._fns[key]
 
-    def times(self, fn: Callable, args: list, backend: str) -> dict[int, float]:
-        """ms per segment piece still on ``backend`` (median of TIMED_RUNS runs after a
-        first, compiling one)."""
-        seg_of = next(v for f, v in self._fns.values() if f is fn)
-        fn(*args)  # compiles
-        pieces = [(p, seg_of[p.node_names]) for p in pieces_of(fn)
-                  if getattr(p, "node_names", None) in seg_of]
-        samples: dict[int, list[float]] = {}
+    def times(self, fns: list[tuple[Callable, str]], args: list) -> list[dict[int, float]]:
+        """For each (plan's callable, backend): ms per segment piece still on that
+        backend, medians of TIMED_RUNS interleaved runs after a first, compiling one."""
+        entries = []
+        for fn, backend in fns:
+            seg_of = next(v for f, v in self._fns.values() if f is fn)
+            fn(*args)  # compiles
+            entries.append((fn, backend, [(p, seg_of[p.node_names]) for p in pieces_of(fn)
+                                          if getattr(p, "node_names", None) in seg_of]))
+        samples: list[dict[int, list[float]]] = [{} for _ in entries]
         for _ in range(TIMED_RUNS):
-            before = {}
-            for p, _ in pieces:
-                p.timed, before[p] = True, p.record.run_s
-            try:
-                fn(*args)
-            finally:
+            for (fn, _, pieces), got in zip(entries, samples):
+                before = {}
                 for p, _ in pieces:
-                    p.timed = False
-            for p, i in pieces:
-                samples.setdefault(i, []).append((p.record.run_s - before[p]) * 1e3)
-        return {i: statistics.median(xs) for (p, i) in pieces
-                for xs in [samples[i]] if p.record.backend == backend}
+                    p.timed, before[p] = True, p.record.run_s
+                try:
+                    fn(*args)
+                finally:
+                    for p, _ in pieces:
+                        p.timed = False
+                for p, i in pieces:
+                    got.setdefault(i, []).append((p.record.run_s - before[p]) * 1e3)
+        return [{i: statistics.median(got[i]) for p, i in pieces if p.record.backend == backend}
+                for (_, backend, pieces), got in zip(entries, samples)]
 
     def judge(self, low: set[int]) -> Judgement:
         """The plan with ``low`` lowered, on the calibration samples."""
