@@ -50,7 +50,6 @@ from .run.piece import Piece, PieceRecord
 from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
-from .run.verify import DEFAULT_TOLERANCES
 from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
@@ -178,8 +177,10 @@ class Arbiter:
 
     def _add_variants(self) -> VerifyOptions:
         """Config `accuracy`: the lower-precision variants the configured backends offer
-        become candidates (``Planner.variants``); returns how they are checked while they
-        run: one call in ``accuracy.every_n``, with that tolerance (docs/precision.md)."""
+        become candidates (``Planner.variants``); returns how their pieces are checked
+        while they run: not one by one (a partition's outputs are not the graph's, and
+        the bound is the graph's): the graph is, one call in ``accuracy.every_n``, by its
+        measured callable (arbiter/measure/drift.py, docs/precision.md)."""
         acc = self.config.accuracy
         for spec in self.config.backends:
             backend = self.backends[spec.name]
@@ -195,9 +196,9 @@ class Arbiter:
                 options = type(backend).Options.model_validate({**spec.options, **opts})
                 variant = backend.variant(label, options)
                 self.planner.variants[variant.name] = variant
-        log.info("accuracy rtol %g, atol %g: lower-precision candidates %s", acc.rtol,
-                 acc.atol, ", ".join(self.planner.variants) or "none (no backend offers one)")
-        return acc.verify_options(DEFAULT_TOLERANCES)
+        log.info("accuracy %s: lower-precision candidates %s", acc.describe(),
+                 ", ".join(self.planner.variants) or "none (no backend offers one)")
+        return VerifyOptions(mode="off")
 
     # -- torch.compile backend -------------------------------------------------------
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -291,7 +292,13 @@ class Arbiter:
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
         timed = choice.timed  # what the policy has timed on the first call (measure/)
-        if timed is not None and len(timed.candidates) > 1:
+        acc = self.config.accuracy
+        # config `accuracy`: the per-module search may find a placement even when every
+        # whole-graph variant plan equals the policy's (a variant of a backend that runs
+        # nothing of it in the policy's plan)
+        per_module = acc is not None and acc.per_module and bool(self.planner.variants) \
+            and context.lowered_ok
+        if timed is not None and (len(timed.candidates) > 1 or per_module):
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
                 self._install(record, p, r)
                 # the placements not chosen: their pieces (compiled sessions) go with them
@@ -303,7 +310,7 @@ class Arbiter:
             graph = GraphToMeasure(gm, constants, record, label, lambda c: build(c.plan),
                                    install)
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
-                               accuracy=self.config.accuracy)
+                               accuracy=acc, per_module=per_module)
         if constants and not self.dry_run:
             return self._guarded(fn, gm, constants, record, label)
         return fn

@@ -15,7 +15,7 @@ A config is YAML (or a dict, or a ``Config``)::
     freeze_weights: true       # inference graphs: weights become constants of the pieces
     refreeze_limit: 3          # re-freezes when the model's weights change, then inputs
     shapes: {max_specializations: 8}    # symbolic shapes a backend cannot take: per shape
-    accuracy: {atol: 1.0e-2}   # lower-precision variants (bf16) within this of eager may run
+    accuracy: {atol: 1.0e-2}   # lower-precision variants within this of eager may run
 
 Unknown keys are errors; every error names the file, the key path, the line, and what
 would have been valid.
@@ -137,35 +137,71 @@ class VerifyOptions(BaseModel):
         return v
 
 
+class TopKAgreement(BaseModel):
+    """Classifier outputs: the share of rows (the last dimension holding the classes)
+    whose top-1 class lies among float32 eager's top ``k`` classes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: StrictInt = Field(1, ge=1, description="1: the top-1 classes must agree")
+    agreement: StrictFloat = Field(gt=0, le=1, description="the least share of rows that "
+                                   "must agree, over all calibration inputs (0.99: 99%)")
+
+
 class AccuracyOptions(BaseModel):
-    """A stated tolerance against float32 eager: lower-precision variants within it may
-    run (docs/precision.md)."""
+    """A stated bound against float32 eager: lower-precision variants within it may run,
+    for the whole graph or module by module (docs/precision.md). Every bound given must
+    hold."""
 
     model_config = ConfigDict(extra="forbid")
 
     rtol: StrictFloat = Field(0.0, ge=0, description="relative tolerance: outputs pass "
                               "when |got - eager| <= atol + rtol * |eager| elementwise")
     atol: StrictFloat = Field(0.0, ge=0, description="absolute tolerance")
-    every_n: StrictInt = Field(100, ge=1, description="a partition running a "
-                               "lower-precision variant is checked against eager again one "
-                               "call in N (its first call included); out of tolerance, it "
-                               "is demoted to its backend's float32, with a warning and a "
+    max_rel_norm: Optional[StrictFloat] = Field(
+        None, gt=0, description="the relative error norm ||got - eager|| / ||eager|| of "
+        "every floating output (over the whole tensor) must not exceed this")
+    topk: Optional[TopKAgreement] = Field(
+        None, description="classifiers: {k, agreement}, the share of rows whose top-1 "
+        "class is among eager's top k")
+    every_n: StrictInt = Field(100, ge=1, description="a graph running a lower precision "
+                               "is checked against float32 eager again one call in N "
+                               "(drift watch); out of the bound, its lower-precision "
+                               "partitions return to float32, with a warning and a "
                                "fallback (stage `verify`) in the report")
+    per_module: bool = Field(True, description="search module-boundary segments for the "
+                             "fastest mix of a variant and float32 within the bound, "
+                             "when the whole graph at lower precision is not")
+    search_budget_s: StrictFloat = Field(300.0, gt=0, description="the per-module search "
+                                         "of one graph stops starting new steps after "
+                                         "this long (compiles included)")
+    holdout: StrictFloat = Field(0.25, ge=0, lt=1, description="the share of "
+                                 "`arbiter.tune`'s batches kept from the search: the "
+                                 "chosen placement's error is measured again on them "
+                                 "and it is refused outside the bound")
 
-    def verify_options(self, dtypes: Iterable[str]) -> VerifyOptions:
-        """How a partition running a lower-precision variant is checked while it runs:
-        against eager one call in ``every_n``, with this tolerance on each of ``dtypes``
-        (the floating ones; integers and bools stay exact)."""
-        tolerance = Tolerance(rtol=self.rtol, atol=self.atol)
-        return VerifyOptions(mode="every", every_n=self.every_n,
-                             tolerances=dict.fromkeys(dtypes, tolerance))
+    @property
+    def elementwise(self) -> bool:
+        """Whether an elementwise bound (rtol, atol) is stated."""
+        return self.atol > 0 or self.rtol > 0
+
+    def describe(self) -> str:
+        """The bound in words: ``atol 0.01, max_rel_norm 0.01``."""
+        parts = []
+        if self.elementwise:
+            parts.append(f"rtol {self.rtol:g}, atol {self.atol:g}")
+        if self.max_rel_norm is not None:
+            parts.append(f"max_rel_norm {self.max_rel_norm:g}")
+        if self.topk is not None:
+            parts.append(f"top-{self.topk.k} agreement {self.topk.agreement:g}")
+        return ", ".join(parts)
 
     @model_validator(mode="after")
     def _some_tolerance(self) -> "AccuracyOptions":
-        if self.atol == 0 and self.rtol == 0:
-            raise ValueError("accuracy needs rtol or atol above 0 (with both 0 no "
-                             "lower-precision variant can pass; leave `accuracy` out for "
-                             "float32 as eager computes it)")
+        if not self.elementwise and self.max_rel_norm is None and self.topk is None:
+            raise ValueError("accuracy needs a bound: rtol or atol above 0, max_rel_norm "
+                             "or topk (without one no lower-precision variant can pass; "
+                             "leave `accuracy` out for float32 as eager computes it)")
         return self
 
 

@@ -19,8 +19,11 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
   (policy ``priority``); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
 * not in the default run (``--contenders``): ``openvino_bf16`` (OpenVINO alone, bf16
   hint), ``arbiter_accuracy`` and ``arbiter_measure_accuracy`` (cpu_all, priority or
-  measure, with ``accuracy: {atol: --atol}``, 1e-2 by default: lower-precision variants
-  within it may run, docs/precision.md).
+  measure, with ``accuracy:`` from ``--atol``, ``--max-rel-norm``, ``--topk-agreement``,
+  ``{atol: 1e-2}`` when none is given: lower-precision variants within it may run, whole
+  or module by module, docs/precision.md); ``--calibrate N`` has them decide on N seeded
+  random inputs (``arbiter.tune``), and their errors (and ``openvino_bf16``'s) are
+  measured again on ``--fresh`` inputs nothing saw before (the note column).
   A contender that cannot be built is reported "not available" with its error.
 
 Every contender lives in its own long-lived worker process (thread pools that one backend
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import multiprocessing as mp
 import os
@@ -51,9 +55,9 @@ CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino",
               "arbiter_cpu_all", "arbiter_default", "arbiter_measure"]
 SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 #: lower precision (docs/precision.md), not in the default run: OpenVINO alone with its
-#: bf16 hint, and cpu_all (priority, then measure) with `accuracy: {atol: --atol}`
+#: bf16 hint, and cpu_all (priority, then measure) with `accuracy:` (--atol...)
 PRECISION = ["openvino_bf16", "arbiter_accuracy", "arbiter_measure_accuracy"]
-ACCURACY_ENV = "ZOO_ACCURACY_ATOL"  # --atol, handed to the spawned workers
+ACCURACY_ENV = "ZOO_ACCURACY"  # the accuracy bound and calibration, JSON, for the workers
 MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
           "t5_small_encoder"]
 
@@ -91,7 +95,9 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
             "PERFORMANCE_HINT": "LATENCY"})
         req = compiled.create_infer_request()
         inputs = [a.numpy() for a in args]
-        return lambda: torch.from_numpy(req.infer(inputs)[0].copy())
+        fn = lambda: torch.from_numpy(req.infer(inputs)[0].copy())  # noqa: E731
+        fn.on = lambda x: torch.from_numpy(req.infer([a.numpy() for a in x])[0].copy())
+        return fn
     if name.startswith("arbiter_"):
         import arbiter
         from arbiter.config import load_config
@@ -103,14 +109,51 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
         if kind in ("measure", "measure_accuracy"):
             cfg["policy"] = "measure"
             cfg["measure"] = dict(cfg.get("measure") or {}, time_budget_s=measure_budget_s)
+        acc = json.loads(os.environ.get(ACCURACY_ENV, "{}"))
         if kind.endswith("accuracy"):
-            cfg["accuracy"] = {"atol": float(os.environ.get(ACCURACY_ENV, "1e-2"))}
+            cfg["accuracy"] = acc["bound"]
         be = arbiter.Arbiter(cfg)
         compiled = torch.compile(model, backend=be)
+        if kind.endswith("accuracy") and acc.get("calibrate"):
+            # calibration inputs the graph decides on (arbiter.tune), none of them the
+            # timed input nor the fresh ones the errors are measured again on
+            arbiter.tune(compiled, [like(args, 100 + i) for i in range(acc["calibrate"])])
         fn = lambda: compiled(*args)  # noqa: E731
         fn.report = be.report
+        fn.on = lambda x: compiled(*x)
         return fn
     raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS + PRECISION)}")
+
+
+def like(args, seed: int) -> tuple:
+    """New inputs like ``args``, seeded: token ids below the largest seen plus one (the
+    zoo's inputs draw from the whole vocabulary), images from a normal distribution."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(0, int(a.max()) + 1, a.shape, generator=gen, dtype=a.dtype)
+                 if not a.is_floating_point() else torch.randn(a.shape, generator=gen)
+                 for a in args)
+
+
+def fresh_errors(model, fn_on, args, n: int) -> str:
+    """The contender against eager on ``n`` inputs no calibration or timing saw: the
+    largest absolute error, the largest relative error norm, top-1 agreement (rows of
+    the last dimension)."""
+    import torch
+
+    worst = rel = 0.0
+    agree = rows = 0
+    for i in range(n):
+        x = like(args, 10_000 + i)
+        ref, got = model(*x).double(), fn_on(x).double()
+        worst = max(worst, float((got - ref).abs().max()))
+        rel = max(rel, float((got - ref).norm() / ref.norm()))
+        agree += int((got.reshape(-1, ref.shape[-1]).argmax(-1)
+                      == ref.reshape(-1, ref.shape[-1]).argmax(-1)).sum())
+        rows += ref.numel() // ref.shape[-1]
+    return (f"fresh inputs ({n}): max abs {worst:.1e}, rel norm {rel:.1e}, top-1 "
+            f"{agree}/{rows}")
 
 
 def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_s: float):
@@ -144,12 +187,22 @@ def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_
             compile_s = time.perf_counter() - t0  # export/compile + the first call
             out2 = fn()
         summary = fn.report().summary() if hasattr(fn, "report") else ""
+        acc = json.loads(os.environ.get(ACCURACY_ENV, "{}"))
+        if acc.get("fresh") and (contender.endswith("accuracy") or contender.endswith("bf16")):
+            with torch.no_grad():
+                summary += "; " + fresh_errors(model, fn.on, args, acc["fresh"])
         if hasattr(fn, "report"):  # config `accuracy`: what each lower precision measured
             for g in fn.report().graphs:
                 if g.accuracy is not None:
                     summary += "".join(f"; {k}: err {v:.1e}" for k, v in
                                        g.accuracy.errors.items())
                     summary += "".join(f"; refused {k}" for k in g.accuracy.rejected)
+                    low = [m for m in g.accuracy.modules if m.precision != "float32"]
+                    if g.accuracy.modules:
+                        summary += (f"; {len(low)} of {len(g.accuracy.modules)} modules on "
+                                    + (low[0].precision if low else "float32"))
+                    if g.accuracy.holdout is not None:
+                        summary += f"; held out: rel norm {g.accuracy.holdout.rel_norm:.1e}"
         conn.send(("ok", build_s, compile_s, [out1.detach().numpy().copy(),
                                               out2.detach().numpy().copy()], summary))
     except BaseException as exc:  # reported as "not available", never hidden
@@ -379,8 +432,19 @@ def main(argv=None) -> int:
                    help="seconds a contender may take to build (killed after)")
     p.add_argument("--measure-budget", type=float, default=60.0,
                    help="measure.time_budget_s of arbiter_measure")
-    p.add_argument("--atol", type=float, default=1e-2,
-                   help="accuracy.atol of the *_accuracy contenders")
+    p.add_argument("--atol", type=float, default=None,
+                   help="accuracy.atol of the *_accuracy contenders (1e-2 when no bound "
+                        "is given)")
+    p.add_argument("--max-rel-norm", type=float, default=None,
+                   help="accuracy.max_rel_norm of the *_accuracy contenders")
+    p.add_argument("--topk-agreement", type=float, default=None,
+                   help="accuracy.topk {k: 1, agreement: this} of the *_accuracy contenders")
+    p.add_argument("--calibrate", type=int, default=0,
+                   help="the *_accuracy contenders decide on this many seeded random "
+                        "inputs through arbiter.tune (0: on the first call's)")
+    p.add_argument("--fresh", type=int, default=8,
+                   help="lower-precision contenders' errors measured again on this many "
+                        "inputs nothing saw before (0: not)")
     p.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--deadline-min", type=float, default=35.0,
                    help="do not start a model when the average model so far would end "
@@ -395,7 +459,15 @@ def main(argv=None) -> int:
     # Every worker is spawned with these; torch's OpenMP pool reads them at start.
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ[ACCURACY_ENV] = repr(args.atol)
+    bound: dict = {}
+    if args.atol is not None:
+        bound["atol"] = args.atol
+    if args.max_rel_norm is not None:
+        bound["max_rel_norm"] = args.max_rel_norm
+    if args.topk_agreement is not None:
+        bound["topk"] = {"k": 1, "agreement": args.topk_agreement}
+    os.environ[ACCURACY_ENV] = json.dumps({"bound": bound or {"atol": 1e-2},
+                                           "calibrate": args.calibrate, "fresh": args.fresh})
     # A cold, private arbiter cache for this run (unless one is named): the default cache
     # would replay decisions and ONNX models from earlier runs, other code or budgets.
     if "ARBITER_CACHE_DIR" not in os.environ:

@@ -39,9 +39,11 @@ from ..plan.planner import Planner
 from ..plan.policy import PRIORITY, Candidate, TimedChoice
 from ..run.piece import PieceRecord
 from ..run.record import GraphRecord
-from . import decision
+from . import calibrate, decision
 from .decision import Decision, DecisionCache
+from .drift import watch
 from .mix import MIX, Mixer
+from .permodule import PRECISION, PrecisionOutcome, PrecisionSearch, steered_lowered
 from .precision import Acceptance
 from .refine import Refiner, steered_plan
 from .timing import Build, Timing
@@ -67,10 +69,13 @@ class MeasuredGraph:
     docstring."""
 
     def __init__(self, timed: TimedChoice, graph: GraphToMeasure, planner: Planner,
-                 options: Any, cache: Optional[Cache], accuracy: Any = None):
+                 options: Any, cache: Optional[Cache], accuracy: Any = None,
+                 per_module: bool = False):
         """``options``: the config's ``measure`` options (mixing and refinement only when
         ``timed.search``); ``accuracy``: the config's tolerance (rtol, atol) for
-        lower-precision candidates (``Candidate.lowered``)."""
+        lower-precision candidates (``Candidate.lowered``); ``per_module``: the graph may
+        run lowered module by module (permodule.py: config `accuracy`, an inference graph
+        of static shapes, a variant offered)."""
         if not timed.search:
             options = options.model_copy(update={"refine": False, "mix": False})
         self._graph = graph
@@ -82,6 +87,10 @@ class MeasuredGraph:
         self._label = graph.label
         self._timing = Timing(options, graph.build, graph.label)
         self._acceptance = Acceptance(graph.gm, accuracy, graph.build, graph.label)
+        self._accuracy = accuracy
+        self._per_module = per_module
+        self._calibration: list[calibrate.Sample] = []  # inside arbiter.tune
+        self._precision: Optional[PrecisionOutcome] = None
         self._lock = threading.Lock()
         self._fn: Callable = self._first_call
         self.chosen: Optional[Candidate] = None
@@ -92,6 +101,14 @@ class MeasuredGraph:
         return self._fn(*args)
 
     def _first_call(self, *args: Any) -> Any:
+        session = calibrate.current()
+        if session is not None:
+            with self._lock:
+                if self.chosen is None:  # inside arbiter.tune: a sample, decided later
+                    session.met(self)
+                    sample = self._acceptance.sample(calibrate.keep(args))
+                    self._calibration.append(sample)
+                    return tuple(sample.ref)
         with self._lock:
             if self.chosen is None:
                 group = decision.process_group()
@@ -100,6 +117,27 @@ class MeasuredGraph:
                 else:
                     self._choose_distributed(args, group)
         return self._fn(*args)
+
+    def decide_calibrated(self) -> None:
+        """After ``arbiter.tune``'s batches: decide on the samples they left, the
+        held-out share (``accuracy.holdout``) kept from the search (calibrate.py)."""
+        with self._lock:
+            samples, self._calibration = self._calibration, []
+            if self.chosen is not None or not samples:
+                return
+            share = float(self._accuracy.holdout) if self._accuracy is not None else 0.0
+            held = min(len(samples) - 1, int(len(samples) * share)) if share else 0
+            if share and held == 0 and len(samples) > 1:
+                held = 1
+            acc = self._acceptance
+            acc.samples, acc.holdout = samples[:len(samples) - held], samples[len(samples) - held:]
+            log.info("%s: deciding on %d calibration input(s), %d held out", self._label,
+                     len(acc.samples), len(acc.holdout))
+            group = decision.process_group()
+            if group is None:
+                self._choose(acc.samples[0].args)
+            else:
+                self._choose_distributed(acc.samples[0].args, group)
 
     # -- the decision ---------------------------------------------------------------
     def _choose_distributed(self, args: Sequence[Any], group: Any) -> None:
@@ -171,7 +209,12 @@ class MeasuredGraph:
         if hit.steer is None:
             return None
         steer = hit.steer_by_name(self._graph.gm)
-        rebuilt = Candidate(hit.label, self._steered(steer), 0.0, steer=steer)
+        if any(b in self._planner.variants for b in steer.values()):  # per module
+            plan, lowered = steered_lowered(self._planner, self._graph.gm,
+                                            self.candidates[0].plan, steer)
+        else:
+            plan, lowered = self._steered(steer), ()
+        rebuilt = Candidate(hit.label, plan, 0.0, steer=steer, lowered=lowered)
         self.candidates.append(rebuilt)
         return rebuilt
 
@@ -197,6 +240,7 @@ class MeasuredGraph:
             if opts.refine:
                 Refiner(self._planner, self._graph.gm, self.candidates, self._timing,
                         self._label).run(self._pick(lowered=False), args)
+            self._search_precision(args)
         log.info("%s: measured %s", self._label, ", ".join(
             f"{c.label} {c.measured_ms:.3f} ms" if c.measured_ms is not None
             else f"{c.label} (refused: {c.rejected})" if c.rejected
@@ -242,6 +286,26 @@ class MeasuredGraph:
         if mixer.times is not None:
             self._graph.record.outcome.mix = mixer.times
 
+    def _search_precision(self, args: list) -> None:
+        """Config `accuracy` (``per_module``): precision module by module
+        (permodule.py); its failure leaves the whole-graph choice standing."""
+        acc = self._accuracy
+        if acc is None or not self._per_module:
+            return
+        self._acceptance.ensure(args)
+        search = PrecisionSearch(self._planner, self._graph.gm, self.candidates,
+                                 self._timing, self._acceptance, acc, self._label)
+        try:
+            search.run(self._pick(lowered=False), args)
+        except Exception as exc:  # noqa: BLE001 - the whole-graph choice stands
+            log.warning("%s: the per-module precision search failed (%s: %s); choosing "
+                        "among the other candidates", self._label, type(exc).__name__, exc,
+                        exc_info=True)
+            for c in self.candidates:
+                if c.label.startswith(PRECISION) and c.measured_ms is None:
+                    c.eligible = False
+        self._precision = search.outcome
+
     # -- the winner -----------------------------------------------------------------
     def _pick(self, lowered: bool = True) -> Optional[Candidate]:
         return pick(self.candidates, lowered)
@@ -254,6 +318,10 @@ class MeasuredGraph:
         outcome = self._graph.record.outcome
         record_outcome(outcome, chosen, self.candidates, self._timing,
                        self._acceptance.tolerance, fn)
+        if self._accuracy is not None:
+            fn, outcome.precision = watch(fn, chosen.lowered, self._acceptance,
+                                          self._accuracy, self._precision, self._label)
+            self._record_precision(outcome.precision, chosen)
         self._timing.ready.clear()  # the others' pieces are freed with them (the installed's stay)
         self._graph.install(chosen.plan, records)
         self.chosen = chosen
@@ -261,3 +329,16 @@ class MeasuredGraph:
         log.info("%s: policy %s%s chose %s%s", self._label, outcome.policy,
                  " (timed against eager)" if outcome.against_eager else "", chosen.label,
                  f" ({chosen.measured_ms:.3f} ms)" if chosen.measured_ms is not None else "")
+
+    def _record_precision(self, out: PrecisionOutcome, chosen: Candidate) -> None:
+        """What the report says of lower precision beside the errors: every lowered
+        candidate's measures, the speed of the chosen against the best float32 one."""
+        out.measures = {label: j.as_dict() for label, j in self._acceptance.judgements.items()}
+        out.bound = self._acceptance.bound.words if self._acceptance.bound else ""
+        f32 = pick(self.candidates, lowered=False)
+        if f32 is not None and f32.measured_ms is not None:
+            out.f32, out.f32_ms = f32.label, round(f32.measured_ms, 4)
+        if chosen.measured_ms is not None:
+            out.chosen_ms = round(chosen.measured_ms, 4)
+        held = self._acceptance.held.get(chosen.label)
+        out.holdout = None if held is None else held.as_dict()

@@ -99,7 +99,7 @@ class Mixer:
         alone_ms = {b: sum(r[b] for r in rows) for b in measured
                     if all(b in r for r in rows)}
         log.info("%s: mixing: segment DP predicts %.3f ms (%s); each backend alone by the "
-                 "same sums: %s", self._label, total, _summary(segs, path), ", ".join(
+                 "same sums: %s", self._label, total, summary(segs, path), ", ".join(
                      f"{b} {ms:.3f} ms" for b, ms in alone_ms.items()) or "none whole")
         if len({b for b in path if b}) < 2:
             log.info("%s: mixing: the DP keeps one backend; no mixed candidate", self._label)
@@ -120,30 +120,8 @@ class Mixer:
             and lab[len(ONLY):] not in inline and c.measured_ms <= MIX_SPAN * best.measured_ms))
 
     def _segments(self) -> Optional[tuple[list[Segment], int, dict[str, torch.fx.Node]]]:
-        """The segments at the chosen module depth, the depth, and the compute nodes by
-        name; None (logged) when no depth fits or a getitem is cut from its producer."""
-        nodes = [n for n in self._gm.graph.nodes if n.op == "call_function"]
-        infos = [node_info(n) for n in nodes]
-        # a segment is at least min_block_size nodes, as a partition is
-        small = max(1, self._planner.min_block_size)
-        limit = self._timing.options.mix_max_segments
-        depth = choose_depth(infos, limit, small)
-        if depth is None:
-            log.info("%s: mixing skipped: no module depth cuts the graph into 2 to %d "
-                     "segments (measure.mix_max_segments)", self._label, limit)
-            return None
-        segs = segment(infos, depth, small)
-        seg_of = {name: s.index for s in segs for name in s.nodes}
-        split = [n.name for n in nodes if is_getitem(n)
-                 and seg_of[n.name] != seg_of.get(n.args[0].name)]
-        if split:
-            log.info("%s: mixing skipped: %s is cut from its producer at depth %d",
-                     self._label, split[0], depth)
-            return None
-        log.info("%s: mixing: %d segments at module depth %d (%d kinds), %d value(s) read "
-                 "from further back than the previous segment", self._label, len(segs),
-                 depth, len({s.kind for s in segs}), skip_edges(infos, segs))
-        return segs, depth, {n.name: n for n in nodes}
+        return module_segments(self._planner, self._gm, self._timing.options.mix_max_segments,
+                               self._label, "mixing")
 
     def _log_probes(self, segs: list[Segment], got: ProbeTimes) -> None:
         if not log.isEnabledFor(logging.INFO):
@@ -180,7 +158,7 @@ class Mixer:
                      "spent of %.0f)", self._label, len(plan.partitions), need, elapsed,
                      timing.options.time_budget_s)
             return
-        cand = Candidate(f"{MIX}{_summary(segs, path)}", plan,
+        cand = Candidate(f"{MIX}{summary(segs, path)}", plan,
                          plan_ms(plan, self._planner.inline), steer=steer)
         self._candidates.append(cand)
         timing.progress(f"{self._label}: timing the mixed candidate ({len(plan.partitions)} "
@@ -193,6 +171,35 @@ class Mixer:
         cand.eligible = False
         log.info("%s: mixing did not win: %.3f ms against %s %.3f ms", self._label,
                  cand.measured_ms, best.label, best.measured_ms)
+
+
+def module_segments(planner: Planner, gm: torch.fx.GraphModule, limit: int, label: str,
+                    what: str) -> Optional[tuple[list[Segment], int, dict[str, torch.fx.Node]]]:
+    """The segments of ``gm`` at the module depth that cuts it into 2 to ``limit`` of
+    them (``segments.choose_depth``), the depth, and the compute nodes by name; None
+    (logged, for ``what`` is cutting) when no depth fits or a getitem is cut from its
+    producer. Mixing and the per-module precision search (permodule.py) cut the same."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    infos = [node_info(n) for n in nodes]
+    # a segment is at least min_block_size nodes, as a partition is
+    small = max(1, planner.min_block_size)
+    depth = choose_depth(infos, limit, small)
+    if depth is None:
+        log.info("%s: %s skipped: no module depth cuts the graph into 2 to %d segments "
+                 "(measure.mix_max_segments)", label, what, limit)
+        return None
+    segs = segment(infos, depth, small)
+    seg_of = {name: s.index for s in segs for name in s.nodes}
+    split = [n.name for n in nodes if is_getitem(n)
+             and seg_of[n.name] != seg_of.get(n.args[0].name)]
+    if split:
+        log.info("%s: %s skipped: %s is cut from its producer at depth %d", label, what,
+                 split[0], depth)
+        return None
+    log.info("%s: %s: %d segments at module depth %d (%d kinds), %d value(s) read from "
+             "further back than the previous segment", label, what, len(segs), depth,
+             len({s.kind for s in segs}), skip_edges(infos, segs))
+    return segs, depth, {n.name: n for n in nodes}
 
 
 def chain_costs(segs: list[Segment], able: list[set], measured: list[str],
@@ -251,7 +258,7 @@ def node_info(node: torch.fx.Node) -> NodeInfo:
     return NodeInfo(node.name, stack, signature, inputs)
 
 
-def _summary(segs: list[Segment], path: list[str]) -> str:
+def summary(segs: list[Segment], path: list[str]) -> str:
     """Which module classes went where: ``BertAttention x12 on onnxruntime, ...``."""
     groups: dict = {}
     for s, b in zip(segs, path):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch.fx
 
@@ -100,6 +100,9 @@ class PolicyOutcome:
     fallbacks: dict[str, list[str]] = field(default_factory=dict)
     # measure.mix: the segment probes' times and the DP's placement (not in the report)
     mix: Optional[SegmentTimes] = None
+    # config `accuracy`: the per-module precision search and drift watch
+    # (measure.permodule.PrecisionOutcome; the report's accuracy.modules, drift)
+    precision: Optional[Any] = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from ..plan.rules import names
 from ..registry import Backend
 from ..run.record import GraphRecord
 from ..shapes import REASON as SHAPES_REASON, about_shapes
-from .model import (AccuracyReport, BroadcastReport, DistributedReport, FallbackReport,
+from .accuracy import accuracy_report
+from .model import (BroadcastReport, DistributedReport, FallbackReport,
                     FirstUseReport,
                     GraphReport, KindBackendReport, KindReport, NodeReport, OpReport,
                     PartitionReport, PatternReport, RefusalReport, RuleReport, SymbolReport,
@@ -336,7 +337,7 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
                               data_dependent=r.data_dependent) for r in g.symbols.values()],
         frame=g.frame[0] if g.frame else None, recompile=g.frame[1] if g.frame else 0,
         shape_eager_share=round(share, 4), warnings=warnings,
-        accuracy=_accuracy(o))
+        accuracy=accuracy_report(o, parts))
 
 
 #: Graph kinds in the order a training step meets them; others follow in order of appearance.
@@ -409,17 +410,6 @@ def distributed_report(graphs: list[GraphReport]) -> Optional[DistributedReport]
         broadcast=[BroadcastReport(graph_id=g.graph_id, kind=g.kind, model=g.model,
                                    chosen=g.chosen, role=g.measure_broadcast) for g in sent],
         not_broadcast=[g.graph_id for g in graphs if not g.measure_broadcast])
-
-
-def _accuracy(o) -> Optional[AccuracyReport]:
-    """Config `accuracy`: the tolerance and the lower-precision candidates' errors."""
-    if o.tolerance is None:
-        return None
-    chosen = o.errors.get(o.chosen)
-    return AccuracyReport(rtol=o.tolerance[0], atol=o.tolerance[1],
-                          errors={k: float(v) for k, v in o.errors.items()},
-                          rejected=dict(o.rejected),
-                          chosen_error=float(chosen) if chosen is not None else None)
 
 
 def _shapes(rec, backends: Mapping[str, Backend]) -> str:

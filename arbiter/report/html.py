@@ -46,6 +46,7 @@ from typing import Optional
 
 from .cells import (distributed_entries, distributed_summary, kind_fell_back, kind_where,
                     ops_text, plural, shapes_summary)
+from .accuracy import module_lines
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
                        overview)
@@ -134,13 +135,24 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
         out.append("<p>" + _e(
-            f"accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
+            f"accuracy {a.bound or f'rtol {a.rtol:g}, atol {a.atol:g}'}: "
             + (f"partitions {', '.join(lowered)}" if lowered
                else "all at the graph's own precision")
             + (f" (max error {a.chosen_error:.2e} against float32 eager)"
                if a.chosen_error is not None else "")
             + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
             + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items())) + "</p>")
+        out += [f"<p>{_e(line.strip())}</p>" for line in module_lines(a)]
+        if a.modules:
+            out.append("<table><tr><th>#</th><th>module</th><th>class</th><th>precision</th>"
+                       "<th>backend</th><th>float32 ms</th><th>lowered ms</th>"
+                       "<th>lowered alone: rel norm</th><th>why float32</th></tr>" + "".join(
+                           f"<tr><td>{m.index}</td><td>{_e(m.module)}</td><td>{_e(m.cls)}</td>"
+                           f"<td>{_e(m.precision)}</td><td>{_e(m.backend)}</td>"
+                           f"<td>{m.f32_ms if m.f32_ms is not None else '-'}</td>"
+                           f"<td>{m.low_ms if m.low_ms is not None else '-'}</td>"
+                           f"<td>{_e(str(m.alone.rel_norm)) if m.alone else '-'}</td>"
+                           f"<td>{_e(m.why)}</td></tr>" for m in a.modules) + "</table>")
     for rule in g.rules:
         if rule.applied < rule.nodes or not rule.nodes:
             what = f"pin {rule.op} -> {rule.backend}" if rule.kind == "pin" else \

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, Field
 
 from .words import plural
+from .precision_model import AccuracyReport  # noqa: F401 - part of the model (GraphReport)
 
 #: ``str(report)``'s rendering (``text.plain``), handed over by arbiter/report/text.py when
 #: it is imported (the package imports it): the renderings import the model, never the
@@ -218,21 +219,6 @@ class SymbolReport(BaseModel):
     sources: list[str] = Field(default_factory=list,
                                description="the user's inputs carrying it (`x.size(0)`)")
     data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
-
-
-class AccuracyReport(BaseModel):
-    """Config `accuracy`: the tolerance and how the lower-precision candidates fared
-    against float32 eager on the graph's first call (docs/precision.md)."""
-
-    rtol: float
-    atol: float
-    errors: dict[str, float] = Field(default_factory=dict, description="lower-precision "
-                                     "candidate -> max abs error of the graph's outputs "
-                                     "against float32 eager on the first call")
-    rejected: dict[str, str] = Field(default_factory=dict, description="candidate -> why "
-                                     "it was refused (outside the tolerance)")
-    chosen_error: Optional[float] = Field(None, description="the chosen placement's error "
-                                          "when it runs at a lower precision")
 
 
 class GraphReport(BaseModel):

@@ -18,6 +18,7 @@ from .cells import (Cell, Col, Item, Line, Table, distributed_entries,  # noqa: 
                     distributed_summary, human_bytes as _bytes, kind_entries, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
 
+from .accuracy import module_lines
 from .model import use_text_rendering
 
 if TYPE_CHECKING:
@@ -149,13 +150,15 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
-        yield Line(f"  accuracy rtol {a.rtol:g}, atol {a.atol:g}: "
+        yield Line(f"  accuracy {a.bound or f'rtol {a.rtol:g}, atol {a.atol:g}'}: "
                    + (f"partitions {', '.join(lowered)}" if lowered
                       else "all at the graph's own precision")
                    + (f" (max error {a.chosen_error:.2e} against float32 eager)"
                       if a.chosen_error is not None else "")
                    + "".join(f"; {k}: error {v:.2e}" for k, v in a.errors.items())
                    + "".join(f"; refused {k}: {v}" for k, v in a.rejected.items()))
+        for line in module_lines(a):
+            yield Line(line)
     for p in g.partitions:
         notes = []
         if p.copies or p.restride_copies:

@@ -123,6 +123,7 @@ class Piece:
         # check (no verify, no restriding, devices checked): ``__call__``'s short path.
         # Reset (under the lock) whenever the level changes.
         self._fast: Optional[tuple[int, Callable]] = None
+        self._pending: Optional[tuple[int, str, str]] = None  # ``demote``: next call
 
     @property
     def _fn(self) -> Callable:
@@ -153,7 +154,17 @@ class Piece:
             return out
         return self._call(*args)
 
+    def demote(self, stage: str, reason: str) -> None:
+        """Move past the current backend on the next call (config `accuracy`'s drift
+        watch: the graph's check failed, not one of this piece's own)."""
+        with self._lock:
+            self._pending = (self._current[0], stage, reason)
+            self._fast = None
+
     def _call(self, *args: Any) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._demote_from(pending[0], pending[1], pending[2], args)
         if self._current[0] < 0:
             with compile_lock(), self._lock:
                 if self._current[0] < 0:
