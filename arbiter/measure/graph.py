@@ -39,7 +39,7 @@ from ..plan.planner import Planner
 from ..plan.policy import PRIORITY, Candidate, TimedChoice
 from ..run.piece import PieceRecord
 from ..run.record import GraphRecord
-from . import calibrate, decision
+from . import decision, tune
 from .decision import Decision, DecisionCache
 from .drift import watch
 from .mix import MIX, Mixer
@@ -89,7 +89,7 @@ class MeasuredGraph:
         self._acceptance = Acceptance(graph.gm, accuracy, graph.build, graph.label)
         self._accuracy = accuracy
         self._per_module = per_module
-        self._calibration: list[calibrate.Sample] = []  # inside arbiter.tune
+        self._calibration: list[tune.Sample] = []  # inside arbiter.tune
         self._precision: Optional[PrecisionOutcome] = None
         self._lock = threading.Lock()
         self._fn: Callable = self._first_call
@@ -101,12 +101,12 @@ class MeasuredGraph:
         return self._fn(*args)
 
     def _first_call(self, *args: Any) -> Any:
-        session = calibrate.current()
+        session = tune.current()
         if session is not None:
             with self._lock:
                 if self.chosen is None:  # inside arbiter.tune: a sample, decided later
                     session.met(self)
-                    sample = self._acceptance.sample(calibrate.keep(args))
+                    sample = self._acceptance.sample(tune.keep(args))
                     self._calibration.append(sample)
                     return tuple(sample.ref)
         with self._lock:
@@ -120,7 +120,7 @@ class MeasuredGraph:
 
     def decide_calibrated(self) -> None:
         """After ``arbiter.tune``'s batches: decide on the samples they left, the
-        held-out share (``accuracy.holdout``) kept from the search (calibrate.py)."""
+        held-out share (``accuracy.holdout``) kept from the search (tune.py)."""
         with self._lock:
             samples, self._calibration = self._calibration, []
             if self.chosen is not None or not samples:

@@ -2,7 +2,7 @@
 
 A lower-precision candidate (``Candidate.lowered``: a plan with a variant backend such as
 ``onnxruntime:int8``) is run on the calibration inputs (the first call's real inputs, or
-``arbiter.tune``'s batches: calibrate.py) before it may be timed or chosen, and its
+``arbiter.tune``'s batches: tune.py) before it may be timed or chosen, and its
 outputs are judged against the graph run in float32 eager by the config's bound
 (bound.py). Outside it, it is refused and never timed; inside, its measures are kept and
 it is timed with the rest. A lowered piece that fell back while it ran (it failed) makes
@@ -20,7 +20,7 @@ import torch.fx
 from ..ops import is_mutating
 from ..plan.policy import Candidate
 from .bound import Bound, Judgement
-from .calibrate import Sample
+from .tune import Sample
 from .timing import Build, pieces_of
 
 log = logging.getLogger(__name__)
