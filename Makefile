@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/arbiter demo
 
+# two pytest workers (pytest-xdist): the suite is mostly Python (tracing, exporting,
+# compiling), which one process runs on one core at a time
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(PY) bench/partition_scaling.py
