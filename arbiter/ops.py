@@ -181,6 +181,22 @@ def tensors_in(value: Any) -> list:
 
 #: Tensors of at most this many elements in all are checked with one sum (``all_finite``).
 _SMALL = 1 << 16
+#: dtypes numpy sums (on CPU), and the dtype each is summed in: float16 in float32, so
+#: that a sum of ordinary float16 values does not overflow into a needless element-wise
+#: confirmation.
+_NUMPY_SUM = {torch.float16: "float32", torch.float32: None, torch.float64: None}
+
+
+def _as_numpy(t: torch.Tensor):
+    """``t``'s memory as a numpy array (no copy), or None where numpy cannot hold it
+    (another device, bfloat16, a tensor subclass, a layout other than strided)."""
+    if t.dtype not in _NUMPY_SUM or t.device.type != "cpu" or t.layout != torch.strided \
+            or type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    try:
+        return t.detach().numpy()
+    except (RuntimeError, TypeError):
+        return None
 
 
 def all_finite(tensors) -> bool:
@@ -188,14 +204,49 @@ def all_finite(tensors) -> bool:
     (NaN and inf survive a sum; 15 us for 150k float32 values, where
     ``isfinite(t).all()`` took milliseconds), confirmed element-wise only when the sum is
     not finite (finite values can overflow it). Small tensors of one dtype are summed
-    together (a norm's twelve ``rsqrt`` rows: 3 torch calls, not 24)."""
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    together (a norm's twelve ``rsqrt`` rows: 3 calls, not 24).
+
+    CPU tensors of the dtypes numpy has are summed by numpy, on the calling thread: a
+    torch sum of a large tensor runs on torch's OpenMP pool, whose threads then spin
+    (``OMP_WAIT_POLICY`` unset) on the cores the backend called next needs. That made
+    ResNet-50 on OpenVINO 18% slower through arbiter than alone (bench/README.md,
+    "Going through arbiter"); torch's sum took 9.8 ms against numpy's 0.13 ms for the
+    ResNet-50 input on a loaded machine. Others (bfloat16, other devices) use torch."""
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()
+               and t.numel()]
+    if not tensors:
+        return True
+    arrays = [_as_numpy(t) for t in tensors]
+    if all(a is None for a in arrays):
+        return _all_finite_torch(tensors)
+    import numpy as np
+
+    # a sum of finite values past the dtype's range, or of +inf and -inf, is what the
+    # sum is for: numpy's warnings about them are not the user's
+    with np.errstate(over="ignore", invalid="ignore"):
+        if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
+                len({t.dtype for t in tensors}) == 1 and all(a is not None for a in arrays):
+            merged = np.concatenate([a.reshape(-1) for a in arrays])
+            if np.isfinite(np.add.reduce(merged, axis=None, dtype=_NUMPY_SUM[tensors[0].dtype])):
+                return True
+        for t, a in zip(tensors, arrays):
+            if a is None:
+                if not _all_finite_torch([t]):
+                    return False
+            elif not np.isfinite(np.add.reduce(a, axis=None, dtype=_NUMPY_SUM[t.dtype])) \
+                    and not np.isfinite(a).all():
+                return False
+    return True
+
+
+def _all_finite_torch(tensors: list) -> bool:
+    """``all_finite`` with torch's own ops (tensors numpy cannot hold)."""
     if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
             len({t.dtype for t in tensors}) == 1:
         if bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors]).sum())):
             return True
     for t in tensors:
-        if t.numel() and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
+        if not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
             return False
     return True
 

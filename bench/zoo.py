@@ -23,7 +23,9 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
   ``{atol: 1e-2}`` when none is given: lower-precision variants within it may run, whole
   or module by module, docs/precision.md); ``--calibrate N`` has them decide on N seeded
   random inputs (``arbiter.tune``), and their errors (and ``openvino_bf16``'s) are
-  measured again on ``--fresh`` inputs nothing saw before (the note column).
+  measured again on ``--fresh`` inputs nothing saw before (the note column);
+  ``arbiter_only_onnxruntime``, ``arbiter_only_openvino``, ``arbiter_only_inductor``:
+  cpu_all's config with that one backend (and eager), to compare with the backend alone.
   A contender that cannot be built is reported "not available" with its error.
 
 Every contender lives in its own long-lived worker process (thread pools that one backend
@@ -57,6 +59,9 @@ SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 #: lower precision (docs/precision.md), not in the default run: OpenVINO alone with its
 #: bf16 hint, and cpu_all (priority, then measure) with `accuracy:` (--atol...)
 PRECISION = ["openvino_bf16", "arbiter_accuracy", "arbiter_measure_accuracy"]
+#: arbiter with one backend (and eager): what going through arbiter costs against that
+#: backend alone (issue 28 item 2); not in the default run
+ONLY = ["arbiter_only_onnxruntime", "arbiter_only_openvino", "arbiter_only_inductor"]
 ACCURACY_ENV = "ZOO_ACCURACY"  # the accuracy bound and calibration, JSON, for the workers
 MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
           "t5_small_encoder"]
@@ -106,6 +111,9 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
         base = "default" if kind == "default" else "cpu_all"
         cfg = load_config(base).model_dump(exclude={"source"})
         cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
+        if kind.startswith("only_"):
+            only = kind[len("only_"):]
+            cfg["backends"] = [b for b in cfg["backends"] if b["name"] == only] or [only]
         if kind in ("measure", "measure_accuracy"):
             cfg["policy"] = "measure"
             cfg["measure"] = dict(cfg.get("measure") or {}, time_budget_s=measure_budget_s)
@@ -122,7 +130,7 @@ def _build_contender(name: str, model, args, threads: int, measure_budget_s: flo
         fn.report = be.report
         fn.on = lambda x: compiled(*x)
         return fn
-    raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS + PRECISION)}")
+    raise ValueError(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS + PRECISION + ONLY)}")
 
 
 def like(args, seed: int) -> tuple:
@@ -422,7 +430,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--contenders", nargs="+", default=CONTENDERS,
-                   choices=CONTENDERS + PRECISION)
+                   choices=CONTENDERS + PRECISION + ONLY)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--round-s", type=float, default=1.0,

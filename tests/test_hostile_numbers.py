@@ -145,6 +145,8 @@ def test_openvino_guard_runs_nonfinite_calls_in_eager(fn, op, fresh_dynamo):
     finite = torch.randn(2, 4)
     for _ in range(3):  # past the first calls' checks: the steady state (Piece's short path)
         torch.testing.assert_close(compiled(finite), fn(finite))
+    (piece,) = list(be._pieces)
+    assert piece._fast is not None and piece._fast[2]  # the short path, inputs guarded
     bad = torch.tensor([[NAN, 1.0, -2.0, math.inf], [0.5, -math.inf, -0.0, 3.0]])
     torch.testing.assert_close(compiled(bad), fn(bad), equal_nan=True)
     torch.testing.assert_close(compiled(finite * 3), fn(finite * 3))

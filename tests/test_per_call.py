@@ -173,3 +173,20 @@ def test_the_steady_state_path_still_checks_and_demotes(fresh_dynamo, monkeypatc
     assert rec.fallbacks[0].stage == "run"
     assert ("wrong output" in rec.fallbacks[0].reason) == (fault == "wrong shape")
     assert pieces[0]._fast is None or pieces[0]._fast[0] == 1
+
+
+def test_a_piece_checked_once_then_takes_the_short_path(fresh_dynamo):
+    """Verify mode `first` (what `unverified` becomes for a backend holding unverified
+    ops) checks one call; the calls after it take the short path, as under `off` (they
+    never did: every later call went through the full path)."""
+    model = _mlp()
+    be, made = _spied({"backends": ["onnxruntime"], "verify": {"mode": "first"}})
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=be)
+        for _ in range(4):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    (piece,) = list(be._pieces)
+    assert piece._fast is not None and piece._fast[0] == 0
+    (rec,) = be.graphs[0].records.values()
+    assert rec.verify_checks == 1 and rec.backend == "onnxruntime" and not rec.fallbacks

@@ -79,6 +79,9 @@ class PieceChecks:
         """Whether this call is checked (and counted, for ``every_n``)."""
         if self.mode == "first":
             due, self._verify_pending = self._verify_pending, False
+            # checked once: later calls are unchecked, as under `off` (the piece's short
+            # path then serves them); a new backend's ``start`` sets the mode again
+            self.mode = "off"
             return due
         n = self._since_compile
         self._since_compile = n + 1

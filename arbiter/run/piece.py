@@ -119,10 +119,11 @@ class Piece:
         # level -> ops its backend computes unlike eager on non-finite inputs
         # (Backend.nonfinite_guard); set before the level is published in _current
         self._guarded: dict[int, list[str]] = {}
-        # (level, callable) once calls of the current backend need nothing but the output
+        # (level, callable, guarded) once calls of the current backend need nothing but
+        # the output check and, where ``guarded`` (exact_nonfinite guard), the input
         # check (no verify, no restriding, devices checked): ``__call__``'s short path.
         # Reset (under the lock) whenever the level changes.
-        self._fast: Optional[tuple[int, Callable]] = None
+        self._fast: Optional[tuple[int, Callable, bool]] = None
         self._pending: Optional[tuple[int, str, str]] = None  # ``demote``: next call
 
     @property
@@ -134,7 +135,9 @@ class Piece:
         fast = self._fast
         if fast is not None and not self.timed:
             # the steady state: the backend's call and the output check, as in _call
-            level, fn = fast
+            level, fn, guarded = fast
+            if guarded and not all_finite(args):  # exact_nonfinite guard, as in _call
+                return self._nonfinite_call(self._backends[level], args)
             try:
                 out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - demote, then the full path
@@ -205,8 +208,7 @@ class Piece:
                     self._demote_from(level, "verify", why, args)
                     return expected
             elif self._fast is None and self._checks.mode == "off" and \
-                    not self._restride and self._device_checks <= 0 and \
-                    level not in self._guarded:  # exact_nonfinite guard: inputs checked
+                    not self._restride and self._device_checks <= 0:
                 self._go_fast(level, fn)
             return self._restrided(out)
 
@@ -228,7 +230,7 @@ class Piece:
         """Let ``__call__`` take its short path with ``fn``, unless the level moved on."""
         with self._lock:
             if self._current == (level, fn):
-                self._fast = (level, fn)
+                self._fast = (level, fn, level in self._guarded)
 
     def _learn_layouts(self, level: int, name: str, out: Sequence[Any]) -> None:
         """Add to ``_restride`` (for the backend at ``level``) the outputs it returned in
