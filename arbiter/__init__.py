@@ -33,6 +33,7 @@ _NAMES = {
     "Policy": "plan.policy", "register_policy": "plan.policy",
     "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
     "register_backend": "registry", "Report": "report", "report_for": "dynamo",
+    "export": "deploy", "load": "deploy", "Program": "deploy",
 }
 
 __all__ = sorted([*_NAMES, "__version__"])

@@ -225,10 +225,40 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
             model_bytes = self.cached_artifact(gm, key_inputs, lowered,
                                                kind=f"{kind}-{precision}")
-        sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
+        disabled = _unsound_optimizers(gm)
+        sess = self.make_session(model_bytes, disabled_optimizers=disabled)
+        runner = OrtRunner(sess, [i.name for i in sess.get_inputs()],
+                           [o.name for o in sess.get_outputs()], args, outputs_of(gm),
+                           input_values(gm) if dynamic else None)
+        runner.model_bytes = model_bytes  # what save_artifact writes
+        runner.disabled_optimizers = disabled
+        return runner
+
+    # -- saved programs (docs/deploy.md) ----------------------------------------------
+    def save_artifact(self, compiled, gm: torch.fx.GraphModule):
+        """The ONNX model the session was made from (``model.onnx``), and the graph
+        optimizers left out for it."""
+        model_bytes = getattr(compiled, "model_bytes", None)
+        if not isinstance(compiled, OrtRunner) or model_bytes is None:
+            return None
+        return ({"format": "onnx", "precision": self.options.precision,
+                 "disabled_optimizers": list(compiled.disabled_optimizers)},
+                {"model.onnx": model_bytes})
+
+    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule):
+        """An ONNX Runtime session (this config's options, threads and arena) on the saved
+        ONNX model, bound like a compiled one."""
+        if entry.get("format") != "onnx" or "model.onnx" not in files:
+            raise ValueError(f"not an ONNX Runtime artifact: {sorted(entry)}")
+        dynamic = graph_is_symbolic(gm)
+        values = input_values(gm)
+        args = tuple(torch.empty(0, dtype=v.dtype) if isinstance(v, torch.Tensor) else 0
+                     for v in values)
+        disabled = tuple(str(x) for x in entry.get("disabled_optimizers", ()))
+        sess = self.make_session(files["model.onnx"], disabled_optimizers=disabled)
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm),
-                         input_values(gm) if dynamic else None)
+                         values if dynamic else None)
 
     def _float32(self) -> "OnnxRuntime":
         """This backend at fp32, named and cached as the config's own (its export)."""
