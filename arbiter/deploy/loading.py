@@ -56,7 +56,8 @@ class Preloaded:
         self._fn = fn
 
     def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
-        return []
+        # the loading config's backend says which inputs to check, as when compiling
+        return self.backend.nonfinite_guard(gm)
 
     def compile(self, gm: torch.fx.GraphModule, args: Any) -> Callable:
         return self._fn
@@ -140,7 +141,7 @@ class Loader:
         weights = _tensors(ar.read("weights.safetensors"), f"{self.path}: weights.safetensors")
         ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
         self.graph = aten_graph(ep)
-        by_name = {n.name: n for n in self.graph.gm.graph.nodes}
+        by_name = _match_nodes(self.graph.gm, self.parts, self.path)
         partitions = []
         for p in self.parts:
             try:
@@ -236,9 +237,12 @@ class Loader:
                           verify=verify, compile_timeout_s=self.config.compile_timeout_s)
             records[pid] = rec
             runners[pid] = (self.subs[pid], piece)
+            reasons = [f"{f}: {w}" for f, w in left]
+            if not p.get("artifact") and not isinstance(first, Preloaded):
+                reasons.insert(0, f"saved as ATen: {p.get('not_saved', 'no artifact')}")
             rows.append((p, "saved artifact" if isinstance(first, Preloaded) else
-                         "eager" if first.inline_aten else "compiled at load",
-                         "; ".join(f"{f}: {w}" for f, w in left)))
+                         "eager" if first.inline_aten else "pending",
+                         "; ".join(reasons)))
         fn = stitch(self.plan, runners, inline)
         deployed = Deployed(self.path, int(self.archive.manifest["format_version"]),
                             self.saved_versions, self.versions, notes=list(self.notes))
@@ -251,6 +255,26 @@ class Loader:
         program = Program(fn, self.signature, self.graph.weights,
                           lambda: loaded_report(saved, records, deployed), deployed=deployed)
         return program, self.build
+
+
+def _match_nodes(gm: torch.fx.GraphModule, parts: list[dict], path: str) -> dict:
+    """Node name -> node of the loaded graph. torch's deserializer makes a ``getitem`` for
+    every output of a multi-output op, used or not; those no saved partition holds are
+    removed (else they would become partition outputs). Any other node missing from the
+    plan means the plan is not this program's."""
+    import operator
+
+    saved = {n for p in parts for n in p["nodes"]}
+    for n in reversed(list(gm.graph.nodes)):
+        if n.op == "call_function" and n.name not in saved and not n.users and \
+                n.target is operator.getitem:
+            gm.graph.erase_node(n)
+    stray = [n.name for n in gm.graph.nodes if n.op == "call_function" and n.name not in saved]
+    if stray:
+        raise ArbiterError(f"{path}: the saved plan does not cover nodes "
+                           f"{', '.join(stray[:5])} of the saved program")
+    gm.recompile()
+    return {n.name: n for n in gm.graph.nodes}
 
 
 def load(path: str | os.PathLike, *, config: ConfigLike = None, native_code: bool = False,

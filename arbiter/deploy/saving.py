@@ -72,8 +72,6 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
                 why = None
                 if getattr(view, "mode", "") == "per shape":
                     why = "compiled per shape"
-                elif rec.nonfinite_ops:
-                    why = "its inputs are checked for NaN (exact_nonfinite: guard)"
                 saved = None
                 if why is None:
                     try:

@@ -119,9 +119,11 @@ class Signature:
                     continue
                 lo, hi = self.ranges[s]
                 if n < lo or (hi is not None and n > hi):
+                    small = " (torch.export traces sizes 0 and 1 apart: export another " \
+                        "program for them)" if n < 2 <= lo else ""
                     raise InputError(f"input {name}: size {n} at dimension {d} is outside "
                                      f"the exported range of {s}: [{lo}, "
-                                     f"{'inf' if hi is None else hi}]")
+                                     f"{'inf' if hi is None else hi}]{small}")
                 if s in seen and seen[s][1] != n:
                     raise InputError(f"input {name}: size {n} at dimension {d} is {s}, "
                                      f"which is {seen[s][1]} in input {seen[s][0]}")
@@ -165,12 +167,20 @@ def from_program(ep: Any, names: list[str], values: list[Any]) -> Signature:
     placeholder names and traced values (FakeTensors)."""
     from torch.utils._pytree import treespec_dumps
 
-    from ..shapes import expr
+    from ..shapes import expr, symbols
 
+    # what the partitions were compiled for: the tracing's ranges (PyTorch's 0/1
+    # specialization: a Dim(min=1) traces as sizes >= 2; OpenVINO bounds its inputs by
+    # them), within what torch.export reports valid
+    traced = symbols(values)
     ranges: dict[str, tuple[int, Optional[int]]] = {}
     for sym, vr in ep.range_constraints.items():
         lo = int(vr.lower) if vr.lower.is_finite else 0
         hi = int(vr.upper) if vr.upper.is_finite else None
+        t = traced.get(str(sym))
+        if t is not None:
+            lo = max(lo, t.min)
+            hi = t.max if hi is None else (hi if t.max is None else min(hi, t.max))
         ranges[str(sym)] = (lo, hi)
     inputs = []
     for name, v in zip(names, values):
