@@ -36,3 +36,21 @@ def loaded_report(saved: dict, records: dict, deployed: Any) -> Report:
         load_s=deployed.load_s, check=deployed.check, partitions=deployed.partitions,
         notes=deployed.notes)
     return report
+
+
+def saved_report(path: str) -> Report:
+    """The report saved in a program's file (no backend needed, nothing loaded), with
+    the file named in its ``model`` line."""
+    from .archive import Archive
+
+    archive = Archive(path)
+    try:
+        report = Report.model_validate(archive.manifest.get("report") or {})
+    except Exception as exc:  # noqa: BLE001 - pydantic's error, said where
+        from ..errors import ArbiterError
+
+        raise ArbiterError(f"{path}: the saved report is malformed ({exc})") from None
+    finally:
+        archive.close()
+    report.model = f"{report.model or archive.manifest.get('model', '')} (saved in {path})"
+    return report
