@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -30,13 +31,13 @@ def save(runner: Any) -> Optional[tuple[dict, dict[str, bytes]]]:
     return {"format": "openvino-ir"}, files
 
 
-def load(backend: Any, entry: dict, files: dict[str, bytes], gm: torch.fx.GraphModule):
-    """An ``OvRunner`` for the partition ``gm`` from saved IR, compiled with ``backend``'s
-    options."""
+def load(backend: Any, entry: dict, files: dict[str, bytes], gm: torch.fx.GraphModule,
+         runner: Callable, passthrough: Callable):
+    """A ``runner`` (the backend's ``OvRunner``) for the partition ``gm`` from saved IR,
+    compiled with ``backend``'s options; ``passthrough(model)``: its outputs that are
+    inputs as they are."""
     import numpy as np
     import openvino as ov
-
-    from .openvino import OvRunner, _passthrough_outputs
 
     if entry.get("format") != "openvino-ir" or not set(FILES) <= set(files):
         raise ValueError(f"not an OpenVINO IR artifact (entry {entry}, files {sorted(files)})")
@@ -47,7 +48,7 @@ def load(backend: Any, entry: dict, files: dict[str, bytes], gm: torch.fx.GraphM
     args = tuple(torch.empty(0, dtype=v.dtype) if isinstance(v, torch.Tensor) else 0
                  for v in values)
     compiled = core.compile_model(model, backend.options.device, backend.properties())
-    runner = OvRunner(compiled, args, outputs_of(gm), _passthrough_outputs(model),
-                      values if graph_is_symbolic(gm) else None)
-    runner.model = model
-    return runner
+    out = runner(compiled, args, outputs_of(gm), passthrough(model),
+                 values if graph_is_symbolic(gm) else None)
+    out.model = model
+    return out

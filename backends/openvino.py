@@ -253,7 +253,7 @@ class OpenVino(ExactNonfinite, Backend):
         """The saved IR read from memory and compiled with this config's options."""
         from ._openvino_artifact import load
 
-        return load(self, entry, files, gm)
+        return load(self, entry, files, gm, OvRunner, _passthrough_outputs)
 
     _budget_threads = None  # set by configure_resources, process-wide
 
