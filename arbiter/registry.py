@@ -188,6 +188,12 @@ class Backend:
         compiled again at load. Default: None."""
         return None
 
+    def loadable(self) -> tuple[bool, str]:
+        """(True, "") when this backend can load and run saved artifacts here (what
+        ``arbiter.load`` asks); by default ``available()``. A backend whose compile needs
+        more than its runtime (an exporter) says less here."""
+        return self.available()
+
     def load_artifact(self, entry: dict[str, Any], files: dict[str, bytes],
                       gm: torch.fx.GraphModule) -> Callable:
         """The callable ``save_artifact`` saved, rebuilt from its ``entry`` and ``files``

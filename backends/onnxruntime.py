@@ -177,9 +177,21 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
     def version(self) -> str:
         import onnxruntime
-        import onnxscript
 
-        return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
+        return f"onnxruntime {onnxruntime.__version__}, onnxscript {_dist_version('onnxscript')}"
+
+    def loadable(self) -> tuple[bool, str]:
+        """A saved ONNX model needs onnxruntime and the providers, not the exporter."""
+        try:
+            import onnxruntime
+        except ImportError as exc:
+            return False, f"{exc.name or exc} is not installed"
+        missing = [p for p in self.options.providers
+                   if p not in onnxruntime.get_available_providers()]
+        if missing:
+            return False, (f"execution provider(s) {', '.join(missing)} not in this "
+                           f"onnxruntime build")
+        return True, ""
 
     def cache_parts(self) -> dict:
         # a model exported before a change of the export's own translations is not reused
@@ -346,6 +358,17 @@ class OnnxRuntime(ExactNonfinite, Backend):
     def declared_ops(cls):
         """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib)."""
         return declared_ops()
+
+
+def _dist_version(name: str) -> str:
+    """An installed distribution's version, read from its metadata (importing onnxscript
+    to read ``__version__`` takes seconds; ``arbiter.load`` compares versions)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 #: ATen ops that export to a MatMul with a 1-D operand.

@@ -112,7 +112,7 @@ class Loader:
             cls = get_backend_class(name)
             backend = cls(cls.Options.model_validate(self.config.options_for(name)))
             try:
-                ok, why = backend.available()
+                ok, why = backend.loadable()
             except Exception as exc:  # noqa: BLE001 - a broken install
                 ok, why = False, f"broken: {describe(exc)}"
             if ok:
