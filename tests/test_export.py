@@ -252,10 +252,58 @@ def test_code_in_the_program_is_refused(saved, tmp_path, what):
         arbiter.load(dst)
 
 
-def test_training_mode_and_kwargs():
+@pytest.mark.parametrize("name", ["mlp", "encoder_block", "small_cnn"])
+def test_the_planner_sees_the_compile_paths_ops(name, fresh_dynamo):
+    """torch.export's graph, decomposed for arbiter, holds the same ops as the inference
+    graph AOTAutograd hands arbiter under torch.compile."""
+    from collections import Counter
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from arbiter.cli.examples import EXAMPLES
+    from arbiter.deploy.tracing import aten_graph, trace
+    from arbiter.run.lower import decomposition_table
+
+    model, args = EXAMPLES[name]()
+
+    def ops(gm):
+        return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+    exported = ops(aten_graph(trace(model, args, None, None, [])).gm)
+    seen = {}
+
+    def backend(gm, example):
+        def keep(g, _):
+            seen["g"] = g
+            return g
+        return aot_module_simplified(gm, example, fw_compiler=keep, inference_compiler=keep,
+                                     decompositions=decomposition_table([]))
+
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(*args)
+    assert exported == ops(seen["g"])
+
+
+def test_training_mode_is_refused():
     model, args = mlp()
     with pytest.raises(ArbiterError, match="inference: call model.eval"):
         arbiter.export(model.train(), args, config=ORT)
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x, *, scale):
+        return {"y": x * scale, "z": x.sum(0)}
+
+
+def test_keyword_inputs_and_structured_outputs(tmp_path):
+    x, scale = torch.randn(3, 4), torch.randn(4)
+    program = arbiter.export(_Scaled().eval(), (x,), {"scale": scale}, config=EAGER)
+    program.save(tmp_path / "kw.arbiter")
+    loaded = arbiter.load(tmp_path / "kw.arbiter")
+    out = loaded(x, scale=scale)
+    assert set(out) == {"y", "z"} and torch.equal(out["y"], x * scale)
+    with pytest.raises(ArbiterError, match="structured as"):
+        loaded(x, scale)
 
 
 def test_cli_export_and_report(tmp_path, capsys):
