@@ -333,3 +333,43 @@ def test_inductor_round_trip(tmp_path, native):
     assert part.loaded == ("saved artifact" if native else "pending")
     with torch.no_grad():
         assert torch.allclose(loaded(*args), model(*args), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["default", "cpu_all"])
+@pytest.mark.parametrize("name", ["bert_base", "resnet50", "gpt2_small"])
+def test_zoo_round_trip(tmp_path, name, config):
+    """A zoo model exported, saved and loaded in a fresh process equals eager (minutes)."""
+    from arbiter.cli.examples import ZOO
+
+    model, args = ZOO[name]()
+    program = arbiter.export(model, args, config=config)
+    path = tmp_path / f"{name}.arbiter"
+    program.save(path)
+    out = _fresh_process(f"""
+        import torch, arbiter
+        from arbiter.cli.examples import ZOO
+        model, args = ZOO[{name!r}]()
+        program = arbiter.load({str(path)!r})
+        with torch.no_grad():
+            err = (program(*args) - model(*args)).abs().max().item()
+        print(program.report().deployed.check, err)
+    """)
+    check, err = out.strip().splitlines()[-1].rsplit(" ", 1)
+    assert check == "passed" and float(err) < 1e-3, out
+
+
+@pytest.mark.slow
+def test_gpt2_symbolic_sequence(tmp_path):
+    """GPT-2 (2 layers) with a symbolic sequence length, across its range."""
+    from arbiter.cli.examples import gpt2_tiny
+
+    model, args = gpt2_tiny()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    program = arbiter.export(model, args, dynamic_shapes=({1: seq},), config="default")
+    program.save(tmp_path / "gpt2.arbiter")
+    loaded = arbiter.load(tmp_path / "gpt2.arbiter")
+    for n in (2, 17, 64):
+        ids = torch.randint(0, 1000, (1, n))
+        with torch.no_grad():
+            assert (loaded(ids) - model(ids)).abs().max() < 1e-4

@@ -304,9 +304,9 @@ def _checked(loader: Loader, program: Program, rebuild: Callable) -> Program:
     ins = [samples[f"in.{i}"] for i in range(sum(k.startswith("in.") for k in samples))]
     outs = [samples[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in samples))]
     tol = loader.config.verify.tolerances
-    from torch.utils._pytree import tree_flatten, tree_unflatten
+    from torch.utils._pytree import tree_flatten
 
-    args, kwargs = tree_unflatten(ins, program.signature._in)
+    args, kwargs = program.signature.unflatten_inputs(ins)
 
     def run(p: Program) -> str:
         try:

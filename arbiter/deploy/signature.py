@@ -89,6 +89,13 @@ class Signature:
                 if n < lo or (hi is not None and n > hi) or seen.setdefault(sym, n) != n:
                     self._explain(flat)
 
+    def unflatten_inputs(self, flat: Sequence[Any]) -> tuple[tuple, dict]:
+        """(args, kwargs) of a call whose flat inputs are ``flat``."""
+        from torch.utils._pytree import tree_unflatten
+
+        args, kwargs = tree_unflatten(list(flat), self._in)
+        return tuple(args), dict(kwargs)
+
     def unflatten(self, out: Sequence[Any]) -> Any:
         if self.single:
             return out[0]
