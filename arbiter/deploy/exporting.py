@@ -31,6 +31,11 @@ def export(model: Any, args: tuple, kwargs: Optional[dict] = None,
     ep = trace(model, args, kwargs, dynamic_shapes, list(arb.config.decompositions))
     graph = aten_graph(ep)
     signature = from_program(ep, graph.input_names, graph.input_values)
+    outputs = next(n for n in graph.gm.graph.nodes if n.op == "output").args[0]
+    if ep.call_spec.out_spec.num_leaves != len(outputs):
+        raise ArbiterError(f"the model returns {ep.call_spec.out_spec.num_leaves} values, of "
+                           f"which {len(outputs)} are tensors the program computes; "
+                           "arbiter.export takes models whose outputs are all tensors")
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else \
         getattr(model, "__qualname__", type(model).__name__)
     owner = Owner(name, ("export", id(graph.gm)))
