@@ -178,6 +178,27 @@ def test_failing_artifact_falls_down_the_chain(saved, tmp_path):
     assert rep.deployed.partitions[0].loaded == "pending"  # compiled at the check's call
 
 
+def test_check_at_load_that_differs(saved, tmp_path):
+    """Outputs at load unlike the saved program's (here: the saved ones altered, hashes
+    made to match): every partition is checked against eager ATen; ONNX Runtime passes
+    and stays."""
+    from safetensors.torch import load, save
+
+    with zipfile.ZipFile(saved["onnxruntime"]) as z:
+        samples = load(z.read("samples.safetensors"))
+    samples["out.0"] = samples["out.0"] + 1
+    new = save(samples)
+    dst = tmp_path / "samples.arbiter"
+    _rewrite(saved["onnxruntime"], dst, lambda n, b: new if n == "samples.safetensors" else
+             _with_hash(b, "samples.safetensors", new) if n == "manifest.json" else b)
+    program = arbiter.load(dst)
+    rep = program.report()
+    assert rep.deployed.check.startswith("differs from the saved program's outputs")
+    assert "0 fell back" in rep.deployed.check
+    p = rep.graphs[0].partitions[0]
+    assert p.backend == "onnxruntime" and p.verify_checks == 1
+
+
 def test_no_save_artifact_compiles_at_load(tmp_path, monkeypatch):
     """A backend without a saved form: the partition is saved as ATen and compiled again
     at load by the same backend."""

@@ -25,7 +25,7 @@ class Source:
     ep: Any  # the decomposed ExportedProgram (torch.export)
     arbiter: Any  # the Arbiter that planned and compiled it
     record: Any  # its GraphRecord
-    samples: tuple[list, list]  # the example inputs and eager's outputs on them
+    samples: tuple[list, list]  # the example inputs and the program's outputs on them
     model: str = ""
 
 

@@ -3,8 +3,8 @@
 * ``program.json`` + ``weights.safetensors``: the whole decomposed ATen program
   (safe_program.py): what eager runs, the inline partitions, and every partition's ATen
   graph for the fallback chain;
-* ``samples.safetensors``: the example inputs and eager's outputs on them (the check at
-  load);
+* ``samples.safetensors``: the example inputs and the program's outputs on them (the
+  check at load);
 * ``partitions/<id>/...``: each compiled partition in its backend's own form
   (``Backend.save_artifact``: ONNX, OpenVINO IR, an AOTInductor package), where the
   backend can write it;
