@@ -305,6 +305,18 @@ def test_the_planner_sees_the_compile_paths_ops(name, fresh_dynamo):
     assert exported == ops(seen["g"])
 
 
+def test_fast_dataclasses_equal_torchs(saved):
+    """serde_fast builds the same schema objects as torch's own helper."""
+    from torch._export.serde.schema import ExportedProgram
+    from torch._export.serde.serialize import _dict_to_dataclass
+
+    from arbiter.deploy.serde_fast import to_dataclass
+
+    with zipfile.ZipFile(saved["onnxruntime"]) as z:
+        data = json.loads(z.read("program.json"))
+    assert to_dataclass(ExportedProgram, data) == _dict_to_dataclass(ExportedProgram, data)
+
+
 def test_training_mode_is_refused():
     model, args = mlp()
     with pytest.raises(ArbiterError, match="inference: call model.eval"):

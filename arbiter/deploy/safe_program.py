@@ -71,7 +71,10 @@ def to_bytes(ep: Any) -> tuple[bytes, dict[str, torch.Tensor]]:
 def from_bytes(program: bytes, tensors: dict[str, torch.Tensor], where: str) -> Any:
     """The ExportedProgram ``to_bytes`` wrote, after ``check`` (ArbiterError naming
     ``where`` when the JSON is refused)."""
-    from torch._export.serde.serialize import SerializedArtifact, deserialize
+    from torch._export.serde.schema import ExportedProgram
+    from torch._export.serde.serialize import ExportedProgramDeserializer
+
+    from .serde_fast import to_dataclass
 
     try:
         data = json.loads(program)
@@ -81,9 +84,10 @@ def from_bytes(program: bytes, tensors: dict[str, torch.Tensor], where: str) -> 
     state = {k[2:]: torch.nn.Parameter(v, requires_grad=False) if k[0] == "p" else v
              for k, v in tensors.items() if k[:2] in ("s:", "p:")}
     consts = {k[2:]: v for k, v in tensors.items() if k.startswith("c:")}
-    clean = json.dumps(data).encode()
     try:
-        ep = deserialize(SerializedArtifact(clean, state, consts, b""))
+        # torch.export.serde's deserialize(), with the dataclasses made by serde_fast
+        program_dc = to_dataclass(ExportedProgram, data)
+        ep = ExportedProgramDeserializer(None).deserialize(program_dc, state, consts, b"")
     except Exception as exc:  # noqa: BLE001 - a malformed program, said where
         raise ArbiterError(f"{where}: torch could not read the program "
                            f"({type(exc).__name__}: {str(exc)[:300]})") from exc
