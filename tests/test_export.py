@@ -244,6 +244,15 @@ def test_tampered_and_truncated_files_are_refused(saved, tmp_path):
     _rewrite(src, tmp_path / "v99.arbiter", version)
     with pytest.raises(ArbiterError, match="format version 99; this arbiter reads version 1"):
         arbiter.load(tmp_path / "v99.arbiter")
+    def plan(name: str, b: bytes) -> bytes:
+        if name != "manifest.json":
+            return b
+        m = json.loads(b)
+        m["plan"]["partitions"][0]["nodes"] = "t"
+        return json.dumps(m).encode()
+    _rewrite(src, tmp_path / "plan.arbiter", plan)
+    with pytest.raises(ArbiterError, match="manifest.json is malformed .*partition 0: nodes"):
+        arbiter.load(tmp_path / "plan.arbiter")
     (tmp_path / "junk.arbiter").write_bytes(b"junk" * 100)
     with pytest.raises(ArbiterError, match="not a saved arbiter program"):
         arbiter.load(tmp_path / "junk.arbiter")

@@ -101,12 +101,13 @@ class Loader:
         self.notes: list[str] = []
         try:
             self.signature = Signature.from_json(m["signature"])
-            self.parts = list(m["plan"]["partitions"])
-            self.saved_report = m["report"]
+            self.parts = _checked_parts(m["plan"]["partitions"])
+            self.saved_report = dict(m["report"])
             self.saved_versions = {str(k): str(v) for k, v in m["versions"].items()}
-            saved_config = m["config"]
-        except (KeyError, TypeError) as exc:
-            raise ArbiterError(f"{path}: manifest.json lacks {exc}") from None
+            saved_config = dict(m["config"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ArbiterError(f"{path}: manifest.json is malformed "
+                               f"({type(exc).__name__}: {exc})") from None
         self.config = _config(saved_config, config, self.notes)
         self.backends: dict[str, Any] = {}
         self.missing: dict[str, str] = {}
@@ -257,6 +258,29 @@ class Loader:
         program = Program(fn, self.signature, self.graph.weights,
                           lambda: loaded_report(saved, records, deployed), deployed=deployed)
         return program, self.build
+
+
+def _checked_parts(parts: Any) -> list[dict]:
+    """The manifest's partitions, each field of the type saving.py writes (TypeError or
+    ValueError naming the partition and field otherwise)."""
+    kinds = {"id": int, "planned": str, "ran": str, "inline": bool, "nodes": list,
+             "chain": list}
+    out = []
+    for k, p in enumerate(parts):
+        for key, kind in kinds.items():
+            if not isinstance(p.get(key), kind):
+                raise TypeError(f"partition {k}: {key} is not a {kind.__name__}")
+        if not all(isinstance(x, str) for x in (*p["nodes"], *p["chain"])):
+            raise TypeError(f"partition {k}: nodes and chain must be names")
+        art = p.get("artifact")
+        if art is not None and not (isinstance(art, dict) and isinstance(art.get("backend"), str)
+                                    and isinstance(art.get("files"), dict)
+                                    and isinstance(art.get("entry", {}), dict)):
+            raise TypeError(f"partition {k}: artifact is malformed")
+        if not isinstance(p.get("level", 0), int):
+            raise TypeError(f"partition {k}: level is not an int")
+        out.append(p)
+    return out
 
 
 def _match_nodes(gm: torch.fx.GraphModule, parts: list[dict], path: str) -> dict:
