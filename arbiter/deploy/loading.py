@@ -203,7 +203,9 @@ class Loader:
                 break
             backend = self.backends.get(name.partition(":")[0])
             if backend is None or ":" in name:
-                left.append((name, f"not available here ({self.missing.get(name, 'a variant')})"))
+                if all(name != frm for frm, _ in left):  # one note per backend
+                    left.append((name, f"not available here "
+                                       f"({self.missing.get(name, 'a variant')})"))
                 continue
             tol = self.config.verify.tolerances
             chain.append(Symbolic(backend, tol) if mode == "symbolic" else
