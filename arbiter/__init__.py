@@ -7,6 +7,8 @@
     compiled = torch.compile(model, backend="arbiter", mode="max-autotune",
                              options={"config": "my.yaml", "min_block_size": 2})
     print(arbiter.explain(model, x, config="my.yaml"))        # the plan, without compiling
+    program = arbiter.export(model, (x,)); program.save("m.arbiter")   # docs/deploy.md
+    program = arbiter.load("m.arbiter"); program(x)            # no Dynamo
 
 ``report_for(compiled)``: one compiled model; ``reports()``: every model compiled in this
 process; ``last_report()``: the model compiled last with ``backend="arbiter"``. Heavy
@@ -34,6 +36,7 @@ _NAMES = {
     "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
     "register_backend": "registry", "Report": "report", "report_for": "dynamo",
     "tune": "measure.tune",
+    "export": "deploy", "load": "deploy", "Program": "deploy",
 }
 
 __all__ = sorted([*_NAMES, "__version__"])

@@ -241,9 +241,31 @@ class Arbiter:
         with self._lock:
             return list(self._graphs)
 
+    def compile_exported(self, gm: torch.fx.GraphModule,
+                         constants: dict[torch.fx.Node, torch.Tensor],
+                         owner: Owner) -> tuple[Callable, GraphRecord]:
+        """An inference ATen graph that did not come through Dynamo (torch.export's:
+        arbiter.deploy) planned and built as ``__call__`` builds Dynamo's, with
+        ``constants`` baked in; the caller owns those weights, so no frozen-weight guard.
+        Returns the callable (pieces compile at its first call) and the graph's record."""
+        if not self._resources_applied:
+            self.apply_resources(training=False)
+        with _ARBITERS_LOCK:
+            if not any(r() is self for r in _ARBITERS):
+                _ARBITERS.append(weakref.ref(self))
+        fn = self._compile_graph(gm, "inference", constants, owner=owner, guard=False)
+        return fn, self.graphs[-1]
+
+    def pieces_of(self, record: GraphRecord) -> dict[int, Piece]:
+        """Partition id -> the live piece running it, for the graph of ``record``."""
+        with self._lock:
+            by_record = {id(p.record): p for p in self._pieces}
+            return {pid: by_record[id(r)] for pid, r in record.records.items()
+                    if id(r) in by_record}
+
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
                        constants: dict[torch.fx.Node, torch.Tensor],
-                       owner: Owner = UNKNOWN) -> Callable:
+                       owner: Owner = UNKNOWN, guard: bool = True) -> Callable:
         start = time.perf_counter()
         if self._split_dropout:  # eager's dropout masks, drawn apart from the data
             split_dropout(gm)
@@ -311,7 +333,7 @@ class Arbiter:
                                    install)
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
                                accuracy=acc, per_module=per_module)
-        if constants and not self.dry_run:
+        if constants and not self.dry_run and guard:
             return self._guarded(fn, gm, constants, record, label)
         return fn
 

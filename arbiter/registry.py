@@ -177,6 +177,30 @@ class Backend:
         """
         raise NotImplementedError
 
+    # -- saved programs (arbiter.export / arbiter.load; docs/deploy.md) -----------------------
+    def save_artifact(self, compiled: Callable, gm: torch.fx.GraphModule
+                      ) -> Optional[tuple[dict[str, Any], dict[str, bytes]]]:
+        """What ``compiled`` (this backend's ``compile`` result for the partition ``gm``)
+        is in the backend's own serialized form: ``(entry, files)``, ``entry`` a JSON-able
+        dict ``load_artifact`` reads back (with ``"native_code": True`` when loading it
+        runs code from the file: a shared library), ``files`` name -> bytes. None: this
+        compiled form cannot be saved; the partition is then saved as ATen only and
+        compiled again at load. Default: None."""
+        return None
+
+    def loadable(self) -> tuple[bool, str]:
+        """(True, "") when this backend can load and run saved artifacts here (what
+        ``arbiter.load`` asks); by default ``available()``. A backend whose compile needs
+        more than its runtime (an exporter) says less here."""
+        return self.available()
+
+    def load_artifact(self, entry: dict[str, Any], files: dict[str, bytes],
+                      gm: torch.fx.GraphModule) -> Callable:
+        """The callable ``save_artifact`` saved, rebuilt from its ``entry`` and ``files``
+        (hashes and sizes already checked) for the partition ``gm`` (ATen, with its traced
+        metadata). Raise when it cannot be: the partition falls down its saved chain."""
+        raise NotImplementedError(f"backend {self.name!r} cannot load saved artifacts")
+
     # -- lower-precision variants (docs/precision.md) --------------------------------------
     #: set on a variant instance (``variant``): the label of its precision ("bf16"); ""
     #: for a backend at the graph's own precision

@@ -244,6 +244,20 @@ class Inductor(ExactNonfinite, Backend):
         with inductor_config.patch(patches):
             return compile_fx(gm, example)
 
+    # -- saved programs (docs/deploy.md; backends/_inductor_artifact.py) ---------------
+    def save_artifact(self, compiled, gm: torch.fx.GraphModule):
+        """An AOTInductor package of the partition (static shapes only): compiled again,
+        ahead of time, into a shared library, which loading runs (``native_code``)."""
+        from ._inductor_artifact import save
+
+        return save(self, gm)
+
+    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule):
+        """The AOTInductor package loaded (``torch._inductor.aoti_load_package``)."""
+        from ._inductor_artifact import load
+
+        return load(entry, files, gm)
+
     def precision_variants(self) -> dict:
         """bf16 autocast where the CPU computes bf16 natively (oneDNN's check: AVX512-BF16
         or AMX); none when the config sets autocast already."""

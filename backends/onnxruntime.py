@@ -177,9 +177,21 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
     def version(self) -> str:
         import onnxruntime
-        import onnxscript
 
-        return f"onnxruntime {onnxruntime.__version__}, onnxscript {onnxscript.__version__}"
+        return f"onnxruntime {onnxruntime.__version__}, onnxscript {_dist_version('onnxscript')}"
+
+    def loadable(self) -> tuple[bool, str]:
+        """A saved ONNX model needs onnxruntime and the providers, not the exporter."""
+        try:
+            import onnxruntime
+        except ImportError as exc:
+            return False, f"{exc.name or exc} is not installed"
+        missing = [p for p in self.options.providers
+                   if p not in onnxruntime.get_available_providers()]
+        if missing:
+            return False, (f"execution provider(s) {', '.join(missing)} not in this "
+                           f"onnxruntime build")
+        return True, ""
 
     def cache_parts(self) -> dict:
         # a model exported before a change of the export's own translations is not reused
@@ -225,10 +237,40 @@ class OnnxRuntime(ExactNonfinite, Backend):
 
             model_bytes = self.cached_artifact(gm, key_inputs, lowered,
                                                kind=f"{kind}-{precision}")
-        sess = self.make_session(model_bytes, disabled_optimizers=_unsound_optimizers(gm))
+        disabled = _unsound_optimizers(gm)
+        sess = self.make_session(model_bytes, disabled_optimizers=disabled)
+        runner = OrtRunner(sess, [i.name for i in sess.get_inputs()],
+                           [o.name for o in sess.get_outputs()], args, outputs_of(gm),
+                           input_values(gm) if dynamic else None)
+        runner.model_bytes = model_bytes  # what save_artifact writes
+        runner.disabled_optimizers = disabled
+        return runner
+
+    # -- saved programs (docs/deploy.md) ----------------------------------------------
+    def save_artifact(self, compiled, gm: torch.fx.GraphModule):
+        """The ONNX model the session was made from (``model.onnx``), and the graph
+        optimizers left out for it."""
+        model_bytes = getattr(compiled, "model_bytes", None)
+        if not isinstance(compiled, OrtRunner) or model_bytes is None:
+            return None
+        return ({"format": "onnx", "precision": self.options.precision,
+                 "disabled_optimizers": list(compiled.disabled_optimizers)},
+                {"model.onnx": model_bytes})
+
+    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule):
+        """An ONNX Runtime session (this config's options, threads and arena) on the saved
+        ONNX model, bound like a compiled one."""
+        if entry.get("format") != "onnx" or "model.onnx" not in files:
+            raise ValueError(f"not an ONNX Runtime artifact: {sorted(entry)}")
+        dynamic = graph_is_symbolic(gm)
+        values = input_values(gm)
+        args = tuple(torch.empty(0, dtype=v.dtype) if isinstance(v, torch.Tensor) else 0
+                     for v in values)
+        disabled = tuple(str(x) for x in entry.get("disabled_optimizers", ()))
+        sess = self.make_session(files["model.onnx"], disabled_optimizers=disabled)
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm),
-                         input_values(gm) if dynamic else None)
+                         values if dynamic else None)
 
     def _float32(self) -> "OnnxRuntime":
         """This backend at fp32, named and cached as the config's own (its export)."""
@@ -316,6 +358,17 @@ class OnnxRuntime(ExactNonfinite, Backend):
     def declared_ops(cls):
         """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib)."""
         return declared_ops()
+
+
+def _dist_version(name: str) -> str:
+    """An installed distribution's version, read from its metadata (importing onnxscript
+    to read ``__version__`` takes seconds; ``arbiter.load`` compares versions)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 #: ATen ops that export to a MatMul with a 1-D operand.

@@ -237,8 +237,23 @@ class OpenVino(ExactNonfinite, Backend):
         core = ov.Core()
         passthrough = _passthrough_outputs(model)
         compiled = core.compile_model(model, self.options.device, self.properties())
-        return OvRunner(compiled, args, outputs_of(gm), passthrough,
-                        input_values(gm) if dynamic else None)
+        runner = OvRunner(compiled, args, outputs_of(gm), passthrough,
+                          input_values(gm) if dynamic else None)
+        runner.model = model  # what save_artifact writes
+        return runner
+
+    # -- saved programs (docs/deploy.md; backends/_openvino_artifact.py) --------------
+    def save_artifact(self, compiled, gm: torch.fx.GraphModule):
+        """The converted model as OpenVINO IR (``model.xml``, ``model.bin``)."""
+        from ._openvino_artifact import save
+
+        return save(compiled) if isinstance(compiled, OvRunner) else None
+
+    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule):
+        """The saved IR read from memory and compiled with this config's options."""
+        from ._openvino_artifact import load
+
+        return load(self, entry, files, gm, OvRunner, _passthrough_outputs)
 
     _budget_threads = None  # set by configure_resources, process-wide
 

@@ -31,6 +31,7 @@ LAYERS = [
     ("arbiter.measure",),
     ("arbiter.report",),
     ("arbiter.arbiter", "arbiter.dynamo", "arbiter.dryrun"),
+    ("arbiter.deploy",),
     ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),
     ("arbiter.cli",),
 ]

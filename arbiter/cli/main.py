@@ -3,8 +3,10 @@ what ran where.
 
     arbiter backends                     every backend: available?, why not, version
     arbiter explain MODEL [--config C]   the plan for a model, without compiling
-    arbiter report MODEL [--html P]      compile, run, and report what ran where
+    arbiter report MODEL [--html P]      compile, run, and report what ran where (or a
+                                         saved program's report: arbiter report PATH)
     arbiter demo [--model M] [--config C]  compile a model, check it, show report and speed
+    arbiter export MODEL --out PATH      export, compile and save for arbiter.load
     arbiter cache [list|size|clear]      the persistent cache
     arbiter manifest BACKEND [--write]   (re)generate a backend's capability manifest
     arbiter probe BACKEND [--write]      check a backend's manifest with PyTorch's OpInfo
@@ -69,6 +71,7 @@ _MODULE_COMMANDS = {
     "cache": ("arbiter.cli.cache", "list, size or clear the persistent cache"),
     "backends": ("arbiter.cli.backends", "list backends and whether they can run here"),
     "demo": ("arbiter.cli.demo", "compile a model across backends; check it, report, speed"),
+    "export": ("arbiter.cli.export", "export, compile and save a model (arbiter.load reads it)"),
 }
 
 
@@ -102,7 +105,8 @@ def _add_schema(sub, raw) -> None:
 
 
 #: Commands in the order ``arbiter --help`` lists them.
-_ORDER = ("backends", "explain", "report", "demo", "cache", "probe", "manifest", "schema")
+_ORDER = ("backends", "explain", "report", "demo", "export", "cache", "probe", "manifest",
+          "schema")
 _HANDLERS = {"explain": (_add_explain, cmd_explain), "manifest": (_add_manifest, cmd_manifest),
              "schema": (_add_schema, cmd_schema)}
 

@@ -8,7 +8,8 @@
     arbiter report mlp --explorer plan                # plan.json + node data: Model Explorer
 
 MODEL is a built-in example (below) or path/to/file.py:factory (a function returning
-(model, example_inputs)). Training or inference: as the model is (model.training; the
+(model, example_inputs)), or a program saved by `arbiter export` (its saved report, with
+nothing compiled or loaded). Training or inference: as the model is (model.training; the
 built-in examples are in eval mode), --train or --inference overrides. Progress (loading,
 tracing, a bar of partitions compiled, timing) and warnings go to stderr (rich on a
 terminal, plain lines elsewhere). Off a terminal (a file, a pipe) the tables are as wide
@@ -112,13 +113,29 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 
 
 def run(args) -> int:
-    from ..report.text import render
+    configs = args.config or [None]
+    reports = []
+    if _saved_program(args.model):  # a file `arbiter export` / Program.save wrote
+        from ..deploy.report import saved_report
+
+        reports.append(saved_report(args.model))
+    else:
+        _compile_reports(args, configs, reports)
+    _write(args, reports)
+    return 0
+
+
+def _saved_program(spec: str) -> bool:
+    import zipfile
+
+    return Path(spec).is_file() and not spec.endswith(".py") and zipfile.is_zipfile(spec)
+
+
+def _compile_reports(args, configs, reports) -> None:
     from .examples import load_model
     from .models import choose_mode
     from .progress import Progress
 
-    configs = args.config or [None]
-    reports = []
     with Progress(quiet=args.quiet, verbose=getattr(args, "verbose", False)) as progress:
         progress.stage(f"loading {args.model}")
         model, inputs = load_model(args.model)
@@ -132,6 +149,11 @@ def run(args) -> int:
             if args.no_breaks:
                 r.graph_breaks = None
             reports.append(r)
+
+
+def _write(args, reports) -> None:
+    from ..report.text import render
+
     tty = sys.stdout.isatty()
     width = args.width or (min(100, shutil.get_terminal_size().columns) if tty else 100)
     sys.stdout.write(render(reports, width=width, color=tty, fit=tty))
@@ -158,4 +180,3 @@ def run(args) -> int:
         paths = write_explorer(reports, args.explorer)
         print(f"wrote {', '.join(map(str, paths))} (model-explorer {paths[0]} "
               f"--node_data_paths={paths[1]},{paths[2]})", file=sys.stderr)
-    return 0

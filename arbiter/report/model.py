@@ -401,6 +401,34 @@ class DistributedReport(BaseModel):
         "from the graph alone (the same on every rank), or they were not called yet")
 
 
+class DeployedPartition(BaseModel):
+    """One partition of a loaded program: what was saved, what runs (docs/deploy.md)."""
+
+    id: int
+    saved_backend: str = Field(description="the backend that ran it when it was saved")
+    artifact: str = Field(description="its saved form: `onnx`, `openvino-ir`, "
+                          "`aotinductor`..., or `aten` (compiled again at load)")
+    loaded: str = Field(description="how it runs: `saved artifact`, `compiled at load`, "
+                        "`eager`, or `pending` (compiles at its first call)")
+    reason: str = Field("", description="why it is not the saved artifact that runs")
+
+
+class DeployedReport(BaseModel):
+    """A program loaded by ``arbiter.load``: where from, with which versions, and what
+    loading did; absent for programs compiled in this process."""
+
+    path: str
+    format_version: int
+    saved_versions: dict[str, str] = Field(default_factory=dict)
+    loaded_versions: dict[str, str] = Field(default_factory=dict)
+    load_s: float = Field(0.0, description="seconds arbiter.load took, its check included")
+    check: str = Field("", description="the check at load: the saved example inputs run "
+                       "and compared with eager's saved outputs")
+    partitions: list[DeployedPartition] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list, description="version differences, "
+                             "backends missing at load, fallbacks")
+
+
 class Report(BaseModel):
     schema_version: int = SCHEMA_VERSION
     label: str = Field("", description="the config's name in a side-by-side report")
@@ -424,6 +452,9 @@ class Report(BaseModel):
         None, description="decisions broadcast under torch.distributed; null when none was")
     resources: dict[str, Any] = Field(default_factory=dict,
                                       description="thread and memory settings in force")
+    deployed: Optional[DeployedReport] = Field(
+        None, description="a program loaded by arbiter.load: what was saved and what loading "
+        "did; null otherwise")
     warnings: list[str] = Field(default_factory=list,
                                 description="what the config asked for and did not get: a "
                                             "pin or exclude that applies to no node, a pin "

@@ -80,6 +80,20 @@ def distributed_lines(report: Report) -> Iterator[Line]:
         yield Line("  " + x)
 
 
+def deployed_lines(report: Report) -> Iterator[Line]:
+    """A loaded program (arbiter.load): its file, the check at load, each partition."""
+    d = report.deployed
+    if d is None:
+        return
+    yield Line(("bold", "loaded"), f" from {d.path} in {d.load_s:.2f} s (format {d.format_version}); "
+               f"check at load: {d.check or 'not run'}")
+    for n in d.notes:
+        yield Line(("yellow", "  note"), f": {n}")
+    for p in d.partitions:
+        yield Line(f"  partition {p.id}: saved {p.saved_backend} as {p.artifact}; {p.loaded}"
+                   + (f" ({p.reason})" if p.reason else ""))
+
+
 def _refused(refusals) -> str:
     """``b1, b2: reason; b3: other``: backends giving the same reason share it; a backend
     with several reasons for one op says for how many nodes each."""
@@ -242,6 +256,7 @@ def items(report: Report) -> Iterator[Item]:
         yield kinds
     yield from distributed_lines(report)
     yield Line("versions: " + "; ".join(f"{k}: {v}" for k, v in report.versions.items()))
+    yield from deployed_lines(report)
     if report.graph_breaks is not None:
         gb = report.graph_breaks
         yield Line(f"Dynamo: {plural(gb.graphs, 'graph')}, {plural(gb.breaks, 'graph break')}")

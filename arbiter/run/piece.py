@@ -126,6 +126,16 @@ class Piece:
         self._fast: Optional[tuple[int, Callable, bool]] = None
         self._pending: Optional[tuple[int, str, str]] = None  # ``demote``: next call
 
+    def current(self) -> tuple[Any, Callable]:
+        """(the chain entry running now, its callable); (None, the ATen graph) before the
+        first call compiled anything (arbiter.deploy saves what runs)."""
+        level, fn = self._current
+        return (self._backends[level] if level >= 0 else None), fn
+
+    def level(self) -> int:
+        """The position in the chain of the entry running now (-1 before compiling)."""
+        return self._current[0]
+
     @property
     def _fn(self) -> Callable:
         """The callable of the current level (bench/ reads it)."""
