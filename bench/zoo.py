@@ -60,7 +60,7 @@ SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 #: bf16 hint, and cpu_all (priority, then measure) with `accuracy:` (--atol...)
 PRECISION = ["openvino_bf16", "arbiter_accuracy", "arbiter_measure_accuracy"]
 #: arbiter with one backend (and eager): what going through arbiter costs against that
-#: backend alone (issue 28 item 2); not in the default run
+#: backend alone; not in the default run
 ONLY = ["arbiter_only_onnxruntime", "arbiter_only_openvino", "arbiter_only_inductor"]
 ACCURACY_ENV = "ZOO_ACCURACY"  # the accuracy bound and calibration, JSON, for the workers
 MODELS = ["mlp", "bert_base", "gpt2_small", "resnet50", "vit_base", "distilbert",
