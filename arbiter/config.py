@@ -85,6 +85,23 @@ class MeasureOptions(BaseModel):
                            "measuring takes more than 2 s (it is logged at INFO anyway)")
 
 
+class CalibrationOptions(BaseModel):
+    """Where policy `calibrated` gets this machine's calibration (docs/policies.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: Optional[str] = Field(None, description="a calibration written by `arbiter "
+                                "calibrate --out FILE`, used as it is (nothing measured); "
+                                "default $ARBITER_CALIBRATION, else the cache's, measured "
+                                "when first needed")
+    time_budget_s: StrictFloat = Field(60.0, gt=0, description="measuring a missing "
+                                       "calibration when first needed stops starting "
+                                       "compiles after this long; what is left is measured "
+                                       "when next needed (`arbiter calibrate` has no bound)")
+    progress: bool = Field(True, description="show a progress line on stderr while "
+                           "calibrating takes more than 2 s")
+
+
 class CacheOptions(BaseModel):
     """The persistent cache of decisions and compiled artifacts (docs/cache.md)."""
 
@@ -234,11 +251,17 @@ class Config(BaseModel):
                     "order; eager ATen always ends the chain and need not be listed")
     policy: str = Field(
         "priority", description="`priority`: the first backend in config order that can "
-                                "run a node gets it; `measure`: the fastest placement by "
+                                "run a node gets it; `calibrated` (the embedded default's): "
+                                "the placement predicted fastest from this machine's "
+                                "calibration, the top two timed on the first call when "
+                                "close; `measure`: the fastest placement by "
                                 "timing candidates; `cost`: by a static cost estimate; or a "
                                 "policy registered with `@register_policy`")
     measure: MeasureOptions = Field(default_factory=MeasureOptions,
                                     description="how policy `measure` times candidates")
+    calibration: CalibrationOptions = Field(
+        default_factory=CalibrationOptions,
+        description="this machine's calibration, which policy `calibrated` predicts with")
     against_eager: Literal["off", "training", "all"] = Field(
         "training", description="a policy that does not measure (`priority`, `cost`) has "
         "its plan timed against eager ATen on the graph's first call (interleaved rounds, "

@@ -68,6 +68,8 @@ _MODULE_COMMANDS = {
     "probe": ("arbiter.cli.probe", "verify a backend's manifest against PyTorch's OpInfo"),
     "cache": ("arbiter.cli.cache", "list, size or clear the persistent cache"),
     "backends": ("arbiter.cli.backends", "list backends and whether they can run here"),
+    "calibrate": ("arbiter.cli.calibrate", "measure this machine's calibration "
+                  "(policy `calibrated`)"),
     "demo": ("arbiter.cli.demo", "compile a model across backends; check it, report, speed"),
 }
 
@@ -102,7 +104,7 @@ def _add_schema(sub, raw) -> None:
 
 
 #: Commands in the order ``arbiter --help`` lists them.
-_ORDER = ("backends", "explain", "report", "demo", "cache", "probe", "manifest", "schema")
+_ORDER = ("backends", "calibrate", "explain", "report", "demo", "cache", "probe", "manifest", "schema")
 _HANDLERS = {"explain": (_add_explain, cmd_explain), "manifest": (_add_manifest, cmd_manifest),
              "schema": (_add_schema, cmd_schema)}
 
