@@ -32,8 +32,11 @@ log = logging.getLogger(__name__)
 
 #: One timing sample lasts at least this long.
 SAMPLE_S = 0.003
-#: Samples per cell (the minimum is kept).
+#: Samples per cell (the minimum is kept): at least SAMPLES, and up to MAX_SAMPLES until
+#: each backend's two fastest are within STABLE of each other (a loaded machine).
 SAMPLES = 5
+MAX_SAMPLES = 15
+STABLE = 0.05
 #: A progress line on stderr once calibrating has taken this long.
 PROGRESS_AFTER_S = 2.0
 
@@ -164,19 +167,27 @@ def calls_per_sample(fn: Callable, args: tuple) -> int:
 
 
 def time_us(fns: dict[str, Callable], args: tuple) -> dict[str, float]:
-    """Microseconds per call of each of ``fns``: SAMPLES interleaved rounds (each round
-    one sample of each, so load falls on all alike), the minimum kept (on a shared
+    """Microseconds per call of each of ``fns``: interleaved rounds (each round one sample
+    of each, so load falls on all alike; SAMPLES, then more up to MAX_SAMPLES while a
+    backend's two fastest differ by more than STABLE), the minimum kept (on a shared
     machine noise only adds)."""
     inner = {k: calls_per_sample(f, args) for k, f in fns.items()}
-    best = {k: float("inf") for k in fns}
-    for _ in range(SAMPLES):
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(MAX_SAMPLES):
+        if r >= SAMPLES and all(_stable(xs) for xs in samples.values()):
+            break
         for k, f in fns.items():
             n = inner[k]
             t0 = time.perf_counter()
             for _ in range(n):
                 f(*args)
-            best[k] = min(best[k], (time.perf_counter() - t0) / n * 1e6)
-    return best
+            samples[k].append((time.perf_counter() - t0) / n * 1e6)
+    return {k: min(xs) for k, xs in samples.items()}
+
+
+def _stable(xs: list[float]) -> bool:
+    a, b = sorted(xs)[:2]
+    return b <= a * (1 + STABLE)
 
 
 class Calibrator:
