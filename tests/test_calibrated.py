@@ -55,7 +55,9 @@ def _choose(config, table, gm):
     be = arbiter.Arbiter(config)
     be.planner.calibration = lambda: table
     policy = get_policy("calibrated")
-    return policy.decide(be.planner, gm, GraphContext("inference")), be
+    # inference graphs are not timed against eager, but eager whole is a candidate
+    return policy.decide(be.planner, gm, GraphContext("inference",
+                                                      against_eager="training")), be
 
 
 def test_a_tiny_graph_never_lands_on_a_backend_whose_call_costs_more(two):
@@ -119,6 +121,19 @@ def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
     # the same kernels in one partition would have won: it is the cuts that lose
     one = predict(choice.plan, be.planner.inline, {**table, "whole": table["gappy"]})
     assert one.ms < gappy.estimate_ms
+
+
+def test_against_eager_off_keeps_the_graph_off_eager_as_a_whole(two):
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(50.0), "cheap": calib(50.0), "eager": calib(0.0, node_us=0.1)}
+    be = arbiter.Arbiter(two)
+    be.planner.calibration = lambda: table
+    policy = get_policy("calibrated")
+    on = policy.decide(be.planner, gm, GraphContext("inference", against_eager="training"))
+    assert on.outcome.chosen == "only eager"
+    off = policy.decide(be.planner, gm, GraphContext("inference", against_eager="off"))
+    assert "only eager" not in off.outcome.estimates_ms
+    assert {p.backend for p in off.plan.partitions} != {"eager"}
 
 
 def test_without_a_calibration_the_static_table_prices_and_says_so(two):

@@ -95,7 +95,7 @@ def test_mode_max_autotune_measures_and_autotunes_inductor():
     assert config.policy == "cost"
     assert {b.name: b.options.get("mode") for b in config.backends}["inductor"] == \
         "max-autotune-no-cudagraphs"
-    assert resolve(mode="default")[0].policy == "priority"
+    assert resolve(mode="default")[0].policy == "calibrated"  # the embedded default's
 
 
 def test_mode_reaches_the_backends_and_runs_right(fresh_dynamo):

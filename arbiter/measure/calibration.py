@@ -214,7 +214,8 @@ def forget() -> None:
 
 
 def backend_row(calib: Optional[BackendCalibration]) -> str:
-    """One backend's calibration in a few words (``arbiter backends``)."""
+    """One backend's calibration in a few words (``arbiter backends``): its per-call (or
+    per-node) cost and each class's rate at its largest calibrated size."""
     if calib is None:
         return "not calibrated"
     parts = [f"call {calib.call_us:.1f} us" if calib.call_us else
@@ -223,5 +224,5 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
         w, us = cells[-1]
         rate = w / us / 1e3  # work per us -> G per s
         unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
-        parts.append(f"{cls} {rate:.0f} {unit}")
+        parts.append(f"{cls} {rate:.3g} {unit}")
     return ", ".join(parts)

@@ -357,9 +357,15 @@ class Calibrated(Policy):
     name = "calibrated"
     dry_runs = True
 
-    def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
+    def choose(self, planner: Planner, gm: torch.fx.GraphModule,
+               eager: bool = True) -> Choice:
+        """``eager``: the whole graph in eager ATen is a candidate (not under config
+        ``against_eager: off``, which keeps a graph off eager as a whole)."""
         # lower-precision variants are never chosen unmeasured (``checked`` times them)
         cands = [c for c in candidates(planner, gm) if not c.lowered]
+        if not eager and len(cands) > 1:
+            only_eager = ONLY + planner.fallback_name
+            cands = [c for c in cands if c.labels != [only_eager]] or cands
         calib = planner.calibration() if planner.calibration is not None else {}
         for c in cands:
             got = predict(c.plan, planner.inline, calib)
@@ -369,6 +375,12 @@ class Calibrated(Policy):
         outcome = _outcome(self.name, cands)
         outcome.chosen = picked.label
         return Choice(picked.plan, outcome, cands)
+
+    def decide(self, planner: Planner, gm: torch.fx.GraphModule,
+               graph: GraphContext) -> Choice:
+        choice = self.choose(planner, gm, eager=graph.against_eager != "off")
+        choice.timed = self.timed(planner, gm, choice, graph)
+        return choice
 
     def timed(self, planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
               graph: GraphContext) -> Optional[TimedChoice]:
