@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 #: The search after the whole-graph candidates (mixing, refinement) stops starting
 #: compiles once the first call has taken this many times what the candidates took
 #: (their compiles, warm-ups and timing rounds: about the sum of the single backends'
-#: compiles): `measure` costs at most about twice that (issue 28, bench/README.md).
+#: compiles): `measure` costs at most about twice that (docs/policies.md).
 SEARCH_FACTOR = 2.0
 #: ... and never less than this many seconds (a graph of milliseconds, whose candidates
 #: compile in a moment, still gets a search).
