@@ -152,14 +152,18 @@ def test_op_classes():
     assert got[0] == "linear" and "norm" in got and "reduction" in got and got[-1] == "free"
 
 
-def test_interpolation_between_sizes():
-    # 1e3 per us at the small size, 1e4 per us at the large
-    c = BackendCalibration(0, 0, {"linear": ((1e3, 1.0), (1e6, 100.0))})
-    assert c.class_us("linear", 1e3) == pytest.approx(1.0)
+def test_time_between_and_beyond_the_calibrated_sizes():
+    # 10 us for 1e3 of work, 100 us for 1e6: 9e-5 us per unit, 9.91 us fixed per op
+    c = BackendCalibration(0, 0, {"linear": ((1e3, 10.0), (1e6, 100.0))})
+    assert c.class_us("linear", 1e3) == pytest.approx(10.0)
     assert c.class_us("linear", 1e6) == pytest.approx(100.0)
-    mid = c.class_us("linear", 10 ** 4.5)  # halfway on log(work): 10^3.5 per us
-    assert mid == pytest.approx(10.0, rel=1e-6)
-    assert c.class_us("linear", 1e9) == pytest.approx(1e5)  # clamped: the largest's rate
+    slope = 90.0 / (1e6 - 1e3)
+    assert c.class_us("linear", 5e5) == pytest.approx(10.0 + slope * (5e5 - 1e3))
+    # below the smallest: its fixed cost stays (a tiny matmul is not free)
+    assert c.class_us("linear", 1.0) == pytest.approx(10.0 - slope * 1e3 + slope)
+    assert c.class_us("linear", 1e9) == pytest.approx(1e5)  # the largest's rate
+    one = BackendCalibration(0, 0, {"norm": ((1e6, 100.0),)})
+    assert one.class_us("norm", 1e3) == pytest.approx(0.1)  # one size: its rate
     assert c.class_us("conv", 1e6) is None
 
 

@@ -4,8 +4,9 @@ Per backend, small ATen graphs, one op class each, are compiled with the backend
 ``compile`` (the config's options; eager runs them in place) and timed: the minimum of a
 few samples of at least ``SAMPLE_S`` each (on a shared machine noise only adds). Weights
 are constants of the graph, as a frozen model's are. ``CELLS`` lists them, most telling
-first: the per-call cost (a chain of 8 tiny ops), then the large sizes of each class,
-then the small ones; the cells are taken in that order for every backend before the next
+first: the per-call cost (a chain of 8 tiny ops), a small and a large linear layer (the
+small one says what a tiny graph's matmuls cost), the large sizes of the other classes,
+then a small convolution; the cells are taken in that order for every backend before the next
 cell, so a budget that runs out leaves every backend with the cells that decide most.
 
 A cell a backend cannot take whole (its manifest, through the same partitioner as a
@@ -84,13 +85,13 @@ def _reduction():
 #: (cell name, op class, builder of (function, inputs)), most telling first.
 CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("call", "call", lambda: (_chain, (torch.randn(8),))),
+    ("linear 16x256x256", "linear", lambda: _linear(16, 256, 256)),
     ("linear 128x768x768", "linear", lambda: _linear(128, 768, 768)),
     ("conv 64ch 56x56", "conv", lambda: _conv(64, 56)),
     ("attention 12x128x64", "attention", _attention),
     ("elementwise 128x3072", "elementwise", _elementwise),
     ("layer_norm 128x768", "norm", _norm),
     ("softmax+sum 12x128x128", "reduction", _reduction),
-    ("linear 16x256x256", "linear", lambda: _linear(16, 256, 256)),
     ("conv 16ch 28x28", "conv", lambda: _conv(16, 28)),
 ]
 

@@ -7,9 +7,10 @@ per-node cost is in its call) and, per op class, the time of graphs of that clas
 few sizes (``cells``: (work, microseconds) pairs; work is FLOPs for matrix products,
 convolutions and attention, bytes moved for the rest, as ``cost.node_work`` counts).
 
-A node's time on a backend is its backend's ``node_us`` plus its work at the rate its
-class ran at on that backend, interpolated on log(work) between the calibrated sizes
-(clamped outside them). A partition run by a compiled backend adds that backend's
+A node's time on a backend is its backend's ``node_us`` plus its class's time for its
+work there: piecewise linear through the calibrated sizes, extended below the smallest
+by the line through the two smallest (its intercept is a fixed cost per op) and above
+the largest at the largest's rate (``BackendCalibration.class_us``). A partition run by a compiled backend adds that backend's
 ``call_us`` and ``boundary_us`` per tensor crossing into or out of it, so a plan cut into
 many partitions pays every cut (training plans whose backend cannot return some values
 come out in 10-40 partitions). A backend or class the calibration lacks is priced by the
@@ -18,7 +19,6 @@ static table (``cost.py``), and the prediction says so (``Prediction.uncalibrate
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -65,22 +65,28 @@ class BackendCalibration:
 
     def class_us(self, cls: str, work: float) -> Optional[float]:
         """Microseconds of ``work`` of class ``cls`` (no per-node cost), or None when the
-        class was not calibrated. Rates are interpolated on log(work)."""
+        class was not calibrated. Time is piecewise linear in work through the calibrated
+        sizes: below the smallest, the line through the two smallest (its intercept, at
+        least 0, is the class's fixed cost per op: a tiny matmul is not free); above the
+        largest, the largest's rate; with one size, that size's rate."""
         cells = self.cells.get(cls)
-        if not cells or work <= 0:
-            return None if not cells else 0.0
-        works = [w for w, _ in cells]
-        rates = [w / max(us, 1e-3) for w, us in cells]
-        if work <= works[0]:
-            rate = rates[0]
-        elif work >= works[-1]:
-            rate = rates[-1]
-        else:
-            i = bisect.bisect_left(works, work)
-            lo, hi = math.log(works[i - 1]), math.log(works[i])
-            f = (math.log(work) - lo) / (hi - lo)
-            rate = math.exp((1 - f) * math.log(rates[i - 1]) + f * math.log(rates[i]))
-        return work / rate
+        if not cells:
+            return None
+        if work <= 0:
+            return 0.0
+        (w0, t0) = cells[0]
+        if len(cells) == 1 or work >= cells[-1][0]:
+            w, t = cells[-1]
+            return work * t / w
+        i = max(1, bisect.bisect_left([w for w, _ in cells], work))
+        (wa, ta), (wb, tb) = cells[i - 1], cells[i]
+        slope = (tb - ta) / (wb - wa) if wb > wa else 0.0
+        if slope <= 0:  # noise: the larger ran no slower; its rate
+            return work * tb / wb
+        if work < w0:
+            fixed = max(0.0, t0 - slope * w0)
+            return min(t0, fixed + slope * work)
+        return ta + slope * (work - wa)
 
     def to_json(self) -> dict:
         return {"call_us": self.call_us, "node_us": self.node_us,
