@@ -53,7 +53,7 @@ def two(make_backend):
 
 def _choose(config, table, gm):
     be = arbiter.Arbiter(config)
-    be.planner.calibration = lambda: table
+    be.planner.calibration = lambda measure=True: table
     policy = get_policy("calibrated")
     # inference graphs are not timed against eager, but eager whole is a candidate
     return policy.decide(be.planner, gm, GraphContext("inference",
@@ -127,7 +127,7 @@ def test_against_eager_off_keeps_the_graph_off_eager_as_a_whole(two):
     gm = trace(mlp, *_args())
     table = {"costly": calib(50.0), "cheap": calib(50.0), "eager": calib(0.0, node_us=0.1)}
     be = arbiter.Arbiter(two)
-    be.planner.calibration = lambda: table
+    be.planner.calibration = lambda measure=True: table
     policy = get_policy("calibrated")
     on = policy.decide(be.planner, gm, GraphContext("inference", against_eager="training"))
     assert on.outcome.chosen == "only eager"
@@ -251,3 +251,24 @@ def test_the_cells_cover_every_class_at_sizes():
                        "reduction"}
     assert sum(cls == "linear" for _, cls, _ in CELLS) == 2
     assert sum(cls == "conv" for _, cls, _ in CELLS) == 2
+
+
+def test_measure_leaves_out_what_the_calibration_puts_far_behind(two):
+    """Policy `measure` with a known calibration compiles no candidate predicted slower
+    than MEASURE_FAR times the best (`priority` and eager whole are always timed); with a
+    backend the calibration lacks, everything is timed as before."""
+    from arbiter.plan.policy import MEASURE_FAR
+
+    make = dict(two, backends=["cheap", "costly"], policy="measure")
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(6.0 * MEASURE_FAR * 3), "cheap": calib(6.0),
+             "eager": calib(0.0, node_us=50.0)}
+    be = arbiter.Arbiter(make)
+    be.planner.calibration = lambda measure=True: table
+    choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
+    labels = [lab for c in choice.timed.candidates for lab in c.labels]
+    assert "only costly" not in labels
+    assert "priority" in labels and "only eager" in labels
+    be.planner.calibration = lambda measure=True: {"cheap": table["cheap"]}
+    choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
+    assert "only costly" in [lab for c in choice.timed.candidates for lab in c.labels]

@@ -1,7 +1,9 @@
 """arbiter: one torch.compile backend that splits ATen graphs across backends, and says
 what ran where.
 
-    arbiter backends                     every backend: available?, why not, version
+    arbiter backends                     every backend: available?, why not, version;
+                                         this machine's calibration
+    arbiter calibrate [--out FILE]       time each backend here once (policy calibrated)
     arbiter explain MODEL [--config C]   the plan for a model, without compiling
     arbiter report MODEL [--html P]      compile, run, and report what ran where
     arbiter demo [--model M] [--config C]  compile a model, check it, show report and speed

@@ -143,22 +143,38 @@ class Calibrations:
         p = self._planner
         return [n for n in p.backends if n not in p.unavailable]
 
-    def measured(self) -> dict[str, Measured]:
-        """Each available backend's measurements (measuring what is missing, once)."""
+    def measured(self, measure: bool = True) -> dict[str, Measured]:
+        """Each available backend's measurements (measuring what is missing, once);
+        ``measure=False``: what is known without measuring (kept only when complete)."""
         with _LOCK:
-            if self._got is None:
-                self._got = self._load()
+            if self._got is not None:
+                return self._got
+            if not measure:
+                saved, self._measure = self._measure, False
+                try:
+                    got = self._load()
+                finally:
+                    self._measure = saved
+                if len(got) == len(self.names) and all(m.complete() for m in got.values()):
+                    self._got = got
+                return got
+            self._got = self._load()
             return self._got
 
-    def get(self) -> dict[str, BackendCalibration]:
+    def get(self, measure: bool = True) -> dict[str, BackendCalibration]:
         """The prediction's view of ``measured``: backend -> calibration (a backend
         without its per-call cell is left out: the static table prices it)."""
         out = {}
-        for name, m in self.measured().items():
+        for name, m in self.measured(measure).items():
             c = m.calibration(self._planner.backends[name].inline_aten)
             if c is not None:
                 out[name] = c
         return out
+
+    def cached(self) -> dict[str, BackendCalibration]:
+        """What the file, memory or cache holds for this planner's backends, nothing
+        measured."""
+        return self.get(measure=False)
 
     def _load(self) -> dict[str, Measured]:
         if self._file:
@@ -181,15 +197,6 @@ class Calibrations:
                 and len(have) == len(keys):
             return have
         return self._complete(keys, have)
-
-    def cached(self) -> dict[str, BackendCalibration]:
-        """What the memory or cache holds for this planner's backends, nothing measured."""
-        saved = self._measure
-        self._measure = False
-        try:
-            return self.get()
-        finally:
-            self._measure, self._got = saved, None
 
     def _complete(self, keys: dict[str, str], have: dict[str, Measured]) -> dict[str, Measured]:
         """Measure what ``have`` lacks (within the budget), keep it, return it all."""

@@ -39,9 +39,9 @@ class Planner:
         #: not in the chain: candidates only (docs/precision.md)
         self.variants: dict[str, Backend] = {}
         #: policy `calibrated`: backend -> ``predict.BackendCalibration`` of this machine
-        #: (set by the Arbiter: ``measure.calibration.Calibrations.get``); None: the
-        #: static table prices every backend
-        self.calibration: Optional[Callable[[], dict]] = None
+        #: (set by the Arbiter: ``measure.calibration.Calibrations.get``; called with
+        #: False, nothing is measured); None: the static table prices every backend
+        self.calibration: Optional[Callable[..., dict]] = None
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 

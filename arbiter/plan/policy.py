@@ -52,6 +52,9 @@ EAGER_MARGIN = 0.03
 #: Policy `calibrated`: a runner-up predicted within this fraction of the best is timed
 #: against it on the first call (the prediction cannot tell them apart).
 CLOSE_MARGIN = 0.25
+#: Policy `measure`, with this machine's calibration known: a compiled candidate
+#: predicted slower than this many times the best prediction is not compiled and timed.
+MEASURE_FAR = 2.0
 
 
 @dataclass
@@ -346,6 +349,27 @@ class Measure(Policy):
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
         cands = candidates(planner, gm)
         return Choice(cands[0].plan, _outcome(self.name, cands), cands)
+
+    def timed(self, planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
+              graph: GraphContext) -> Optional[TimedChoice]:
+        """Every candidate, except, when this machine's calibration is known (nothing is
+        measured for it here) for every backend they use, a compiled one predicted slower
+        than ``MEASURE_FAR`` times the best prediction: its compile is saved (`priority`
+        and eager whole are always timed)."""
+        timed = super().timed(planner, gm, choice, graph)
+        calib = planner.calibration(False) if planner.calibration is not None else {}
+        if timed is None or not calib:
+            return timed
+        got = {id(c): predict(c.plan, planner.inline, calib) for c in timed.candidates}
+        if any(p.uncalibrated for p in got.values()):
+            return timed
+        best = min(p.ms for p in got.values())
+        eager = ONLY + planner.fallback_name
+        keep = [c for c in timed.candidates if PRIORITY in c.labels or eager in c.labels
+                or got[id(c)].ms <= MEASURE_FAR * best]
+        for c in timed.candidates:
+            c.estimate_ms = got[id(c)].ms
+        return TimedChoice(keep, timed.margin, timed.search)
 
 
 @register_policy
