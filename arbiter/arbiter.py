@@ -307,7 +307,8 @@ class Arbiter:
         fn: Callable = stitched
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        timed = choice.timed  # what the policy has timed on the first call (measure/)
+        # what the policy has timed on the first call (measure/); a dry run times nothing
+        timed = None if self.dry_run else choice.timed
         if timed is not None and len(timed.candidates) > 1:
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
                 self._install(record, p, r)

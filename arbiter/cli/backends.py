@@ -82,9 +82,13 @@ def calibration_lines() -> list[str]:
     be.apply_resources()  # the thread count keys the calibration
     cal = Calibrations(be.planner, be.cache, measure=False, pinned=False)
     got = cal.cached()
+    known = cal.measured(measure=False)
     lines = [f"calibration on this machine ({torch.get_num_threads()} threads; what policy "
              "`calibrated` predicts with; `arbiter calibrate` measures it):"]
-    lines += [f"  {name}: {backend_row(got.get(name))}" for name in cal.names]
+    for name in cal.names:
+        m = known.get(name)
+        load = f" (measured at load {m.load:.1f} per core)" if m and m.load else ""
+        lines.append(f"  {name}: {backend_row(got.get(name))}{load}")
     return lines
 
 

@@ -104,6 +104,7 @@ class Measured:
     work: dict[str, float]  # cell name -> its class's work (FLOPs or bytes)
     refused: dict[str, str]  # cell name -> why not measured
     seconds: float = 0.0  # spent measuring, compiles included
+    load: Optional[float] = None  # load average per core when measuring began
 
     def tried(self) -> set[str]:
         return set(self.times_us) | set(self.refused)
@@ -129,7 +130,7 @@ class Measured:
 
     def to_json(self) -> dict:
         return {"times_us": self.times_us, "work": self.work, "refused": self.refused,
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2), "load": self.load}
 
     @classmethod
     def from_json(cls, raw: Any) -> Optional["Measured"]:
@@ -139,7 +140,8 @@ class Measured:
             return cls({str(k): float(v) for k, v in raw.get("times_us", {}).items()},
                        {str(k): float(v) for k, v in raw.get("work", {}).items()},
                        {str(k): str(v) for k, v in raw.get("refused", {}).items()},
-                       float(raw.get("seconds", 0.0)))
+                       float(raw.get("seconds", 0.0)),
+                       None if raw.get("load") is None else float(raw["load"]))
         except (TypeError, ValueError, AttributeError):
             return None
 
@@ -152,6 +154,19 @@ def cell_work(gm: torch.fx.GraphModule, cls: str) -> float:
             flops, moved = node_work(n)
             total += flops if flops else moved
     return total
+
+
+#: A calibration begun above this load average per core is said to be noisy.
+LOADED = 1.5
+
+
+def _load_per_core() -> float:
+    try:
+        import os
+
+        return round(os.getloadavg()[0] / (os.cpu_count() or 1), 2)
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def calls_per_sample(fn: Callable, args: tuple) -> int:
@@ -211,6 +226,14 @@ class Calibrator:
         from torch.fx.experimental.proxy_tensor import make_fx
 
         out = {n: have.get(n) or Measured({}, {}, {}) for n in names}
+        load = _load_per_core()
+        for m in out.values():
+            m.load = load if m.load is None else max(m.load, load)
+        if load > LOADED:
+            log.warning("calibrating at a load average of %.1f per core: other work shares "
+                        "this machine, and the calibration will describe that load (here, "
+                        "on a shared 2-core machine, it was off by up to 3.5x on whole "
+                        "models); run `arbiter calibrate --again` when it is quiet", load)
         for name, cls, build in CELLS:
             todo = [b for b in names if name not in out[b].tried()]
             if not todo:
