@@ -90,16 +90,13 @@ class CalibrationOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    file: Optional[str] = Field(None, description="a calibration written by `arbiter "
-                                "calibrate --out FILE`, used as it is (nothing measured); "
-                                "default $ARBITER_CALIBRATION, else the cache's, measured "
-                                "when first needed")
-    time_budget_s: StrictFloat = Field(60.0, gt=0, description="measuring a missing "
-                                       "calibration when first needed stops starting "
-                                       "compiles after this long; what is left is measured "
-                                       "when next needed (`arbiter calibrate` has no bound)")
-    progress: bool = Field(True, description="show a progress line on stderr while "
-                           "calibrating takes more than 2 s")
+    file: Optional[str] = Field(None, description="a calibration written by `arbiter calibrate "
+                                "--out FILE`, used as it is; default $ARBITER_CALIBRATION, "
+                                "else the cache's, measured when first needed")
+    time_budget_s: StrictFloat = Field(60.0, gt=0, description="measuring one when first "
+                                       "needed starts no compile after this long; the rest is "
+                                       "measured when next needed (`arbiter calibrate`: no bound)")
+    progress: bool = Field(True, description="a progress line on stderr past 2 s")
 
 
 class CacheOptions(BaseModel):
@@ -263,7 +260,7 @@ class Config(BaseModel):
         default_factory=CalibrationOptions,
         description="this machine's calibration, which policy `calibrated` predicts with")
     against_eager: Literal["off", "training", "all"] = Field(
-        "training", description="a policy that does not measure (`priority`, `cost`) has "
+        "training", description="a policy that does not measure (`priority`, `cost`, `calibrated`) has "
         "its plan timed against eager ATen on the graph's first call (interleaved rounds, "
         "as `measure` times, with its `repeats`, `warmup` and `time_budget_s`); the graph "
         "runs in eager when eager is faster than the plan by more than 3%, and the report "
