@@ -260,8 +260,8 @@ class Config(BaseModel):
         default_factory=CalibrationOptions,
         description="this machine's calibration, which policy `calibrated` predicts with")
     against_eager: Literal["off", "training", "all"] = Field(
-        "training", description="a policy that does not measure (`priority`, `cost`, `calibrated`) has "
-        "its plan timed against eager ATen on the graph's first call (interleaved rounds, "
+        "training", description="a policy that does not measure (`priority`, `cost`, "
+        "`calibrated`) has its plan timed against eager ATen on the graph's first call (interleaved rounds, "
         "as `measure` times, with its `repeats`, `warmup` and `time_budget_s`); the graph "
         "runs in eager when eager is faster than the plan by more than 3%, and the report "
         "gives both times. `training`: forward and backward graphs (on this project's CPU "
