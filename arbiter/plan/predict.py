@@ -12,9 +12,8 @@ work there: piecewise linear through the calibrated sizes, extended below the sm
 by the line through the two smallest (its intercept is a fixed cost per op) and above
 the largest at the largest's rate (``BackendCalibration.class_us``). A partition run by
 a compiled backend adds that backend's ``call_us`` and ``boundary_us`` per tensor
-crossing into or out of it, so a plan cut into
-many partitions pays every cut (training plans whose backend cannot return some values
-come out in 10-40 partitions). A backend or class the calibration lacks is priced by the
+crossing into or out of it, so a plan cut into many partitions pays every cut (training
+plans whose backend cannot return some values come out in 10-40 partitions). A backend or class the calibration lacks is priced by the
 static table (``cost.py``), and the prediction says so (``Prediction.uncalibrated``).
 """
 from __future__ import annotations
