@@ -31,6 +31,7 @@ from .config import Config, ConfigLike, VerifyOptions, load_config
 from .decompose import split_dropout
 from .errors import ConfigError
 from .findings import findings
+from .measure.calibration import Calibrations
 from .measure.graph import GraphToMeasure, MeasuredGraph
 from .ops import op_name
 from .plan.partition import Plan
@@ -134,7 +135,10 @@ class Arbiter:
                                 lowered_verify=lowered_verify,
                                 first_use=FirstUse(self.config.verify.tolerances),
                                 track=self._track)
-        self.policy = get_policy(self.config.policy if not dry_run else "priority")
+        self.policy = get_policy(self.config.policy)
+        if dry_run and not self.policy.dry_runs:
+            self.policy = get_policy("priority")
+        self.calibrations = self._calibrations()
         self._graphs: list[GraphRecord] = []
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
         self._lock = threading.Lock()
@@ -157,6 +161,19 @@ class Arbiter:
         # one thread budget and arena per process, applied at the first graph (before any
         # compile): `spin: auto` depends on whether that graph trains (apply_resources)
         self._resources_applied = dry_run
+
+    def _calibrations(self) -> Calibrations:
+        """This machine's calibration (policy `calibrated`), read or measured when first
+        needed; a dry run reads the cache but never measures."""
+        opts = self.config.calibration
+        cache = self.cache
+        if self.dry_run and opts.file is None and self.policy.dry_runs:
+            cache = cache_from_options(self.config.cache.enabled, self.config.cache.dir,
+                                       self.config.cache.max_size_gb)
+        calib = Calibrations(self.planner, cache, opts.file, opts.time_budget_s,
+                             measure=not self.dry_run, progress=opts.progress)
+        self.planner.calibration = calib.get
+        return calib
 
     def apply_resources(self, training: bool = False) -> dict[str, Any]:
         """Apply the config's ``resources:`` now (run/resources.py; the first Arbiter of
@@ -313,7 +330,8 @@ class Arbiter:
         fn: Callable = stitched
         if self.config.accuracy is not None:  # the report states the tolerance
             choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        timed = choice.timed  # what the policy has timed on the first call (measure/)
+        # what the policy has timed on the first call (measure/); a dry run times nothing
+        timed = None if self.dry_run else choice.timed
         acc = self.config.accuracy
         # config `accuracy`: the per-module search may find a placement even when every
         # whole-graph variant plan equals the policy's (a variant of a backend that runs

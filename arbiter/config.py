@@ -85,6 +85,20 @@ class MeasureOptions(BaseModel):
                            "measuring takes more than 2 s (it is logged at INFO anyway)")
 
 
+class CalibrationOptions(BaseModel):
+    """Where policy `calibrated` gets this machine's calibration (docs/policies.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: Optional[str] = Field(None, description="a calibration written by `arbiter calibrate "
+                                "--out FILE`, used as it is; default $ARBITER_CALIBRATION, "
+                                "else the cache's, measured when first needed")
+    time_budget_s: StrictFloat = Field(60.0, gt=0, description="measuring one when first "
+                                       "needed starts no compile after this long; the rest is "
+                                       "measured when next needed (`arbiter calibrate`: no bound)")
+    progress: bool = Field(True, description="a progress line on stderr past 2 s")
+
+
 class CacheOptions(BaseModel):
     """The persistent cache of decisions and compiled artifacts (docs/cache.md)."""
 
@@ -270,14 +284,20 @@ class Config(BaseModel):
                     "order; eager ATen always ends the chain and need not be listed")
     policy: str = Field(
         "priority", description="`priority`: the first backend in config order that can "
-                                "run a node gets it; `measure`: the fastest placement by "
+                                "run a node gets it; `calibrated` (the embedded default's): "
+                                "the placement predicted fastest from this machine's "
+                                "calibration, the top two timed on the first call when "
+                                "close; `measure`: the fastest placement by "
                                 "timing candidates; `cost`: by a static cost estimate; or a "
                                 "policy registered with `@register_policy`")
     measure: MeasureOptions = Field(default_factory=MeasureOptions,
                                     description="how policy `measure` times candidates")
+    calibration: CalibrationOptions = Field(
+        default_factory=CalibrationOptions,
+        description="this machine's calibration, which policy `calibrated` predicts with")
     against_eager: Literal["off", "training", "all"] = Field(
-        "training", description="a policy that does not measure (`priority`, `cost`) has "
-        "its plan timed against eager ATen on the graph's first call (interleaved rounds, "
+        "training", description="a policy that does not measure (`priority`, `cost`, "
+        "`calibrated`) has its plan timed against eager ATen on the graph's first call (interleaved rounds, "
         "as `measure` times, with its `repeats`, `warmup` and `time_budget_s`); the graph "
         "runs in eager when eager is faster than the plan by more than 3%, and the report "
         "gives both times. `training`: forward and backward graphs (on this project's CPU "

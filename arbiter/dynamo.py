@@ -120,14 +120,16 @@ def resolve(options: Optional[dict] = None, mode: Optional[str] = None
     if not isinstance(dry_run, bool):
         raise ConfigError(f"dryrun must be true or false, not {dry_run!r}", file=_FILE,
                           key="dryrun")
+    # the embedded default's policy gives way to mode's; a config the user names keeps its own
+    named = options.get("config") not in (None, "default")
     base = load_config(options.pop("config", None))
     implied, backend_mode = _mode_settings(mode)
     if not options and not implied and not backend_mode:
         return base, dry_run
     data = base.model_dump(mode="json")
     for key, value in implied.items():
-        if key not in options and data.get(key) == Config.model_fields[key].default:
-            data[key] = value  # a policy the config or the options name wins over mode's
+        if key not in options and (not named or data.get(key) == Config.model_fields[key].default):
+            data[key] = value  # a policy the user's config or the options name wins over mode's
     for key, value in options.items():
         data[key] = _merge(data, key, value)
     if backend_mode:

@@ -16,7 +16,9 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
 * ``openvino``: ``openvino.convert_model`` of the whole model and ``compile_model`` for CPU,
   float32, ``--threads`` threads, latency hint;
 * ``arbiter_cpu_all``, ``arbiter_default``: ``backend="arbiter"`` with the shipped configs
-  (policy ``priority``); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
+  (policy ``calibrated``: the machine's calibration is measured once before the first
+  model, in the run's cache, and its own cost reported; unless ``$ARBITER_CALIBRATION``
+  pins one); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
 * not in the default run (``--contenders``): ``openvino_bf16`` (OpenVINO alone, bf16
   hint), ``arbiter_accuracy`` and ``arbiter_measure_accuracy`` (cpu_all, priority or
   measure, with ``accuracy:`` from ``--atol``, ``--max-rel-norm``, ``--topk-agreement``,
@@ -426,6 +428,45 @@ def render(results: dict[str, list[Contender]], args, started: str, load0, load1
     return "\n".join(lines)
 
 
+_CALIBRATE = """
+import os, sys, time
+import torch
+import arbiter
+from arbiter.config import load_config
+from arbiter.measure.calibration import Calibrations
+torch.set_num_threads(int(sys.argv[1]))
+cfg = load_config("cpu_all").model_dump(exclude={"source"})
+cfg["resources"] = dict(cfg.get("resources") or {}, threads=int(sys.argv[1]))
+be = arbiter.Arbiter(cfg)
+be.apply_resources()
+load = os.getloadavg()[0]
+t0 = time.perf_counter()
+cal = Calibrations(be.planner, be.cache, budget_s=None, progress=False)
+cal.measured()
+print(f"{time.perf_counter() - t0:.1f} {load:.2f} {cal.source}")
+"""
+
+
+def calibrate(threads: int) -> str:
+    """Policy `calibrated`'s calibration of this machine, measured once into the run's
+    cache (the arbiter contenders read it there); a line saying what it cost."""
+    import subprocess
+
+    if os.environ.get("ARBITER_CALIBRATION"):
+        return f"Calibration: pinned by $ARBITER_CALIBRATION={os.environ['ARBITER_CALIBRATION']}."
+    log("calibrating this machine (policy `calibrated`; once, into the run's cache)")
+    proc = subprocess.run([sys.executable, "-c", _CALIBRATE, str(threads)],
+                          capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        log(f"calibration failed: {proc.stderr[-1000:]}")
+        return "Calibration: failed (the contenders measure it on first need)."
+    took, load, source = proc.stdout.split()[-3:]
+    log(f"calibration: {took} s at load {load} ({source})")
+    return (f"Calibration (policy `calibrated`, once per machine, before the first model; "
+            f"the arbiter contenders' compile times do not include it): {took} s, load "
+            f"average {load} at its start.")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
@@ -489,6 +530,9 @@ def main(argv=None) -> int:
     from arbiter.cli.timing import other_busy_processes  # parent only: imports no torch
 
     load0, others = os.getloadavg(), other_busy_processes()
+    calibration = ""
+    if any(c.startswith("arbiter_") for c in args.contenders):
+        calibration = calibrate(args.threads)
     t_start = time.perf_counter()
     results: dict[str, list[Contender]] = {}
     skipped: list[str] = []
@@ -506,6 +550,8 @@ def main(argv=None) -> int:
             f"about {left / 60:.1f} min left (average per model so far)")
     text = render(results, args, started, load0, os.getloadavg(), others,
                   time.perf_counter() - t_start)
+    if calibration:
+        text += f"\n{calibration}\n"
     if skipped:
         text += (f"\nNot run (--deadline-min {args.deadline_min:g} would have been passed): "
                  f"{', '.join(skipped)}.\n")

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import arbiter
 import arbiter.registry as registry_mod
 from arbiter.ops import is_getitem
+
+#: Policy `calibrated` (the embedded default's) plans with a recorded calibration in the
+#: tests (the placement gate's plans must not depend on the machine or its load), and no
+#: test process spends a minute measuring one. tests/test_calibrated.py measures its own.
+os.environ.setdefault("ARBITER_CALIBRATION",
+                      str(Path(__file__).with_name("calibration_reference.json")))
 
 #: A config using two real backends and small partitions, for tiny graphs.
 TWO = {"backends": ["onnxruntime", "inductor"], "min_block_size": 1}

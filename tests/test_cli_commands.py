@@ -44,7 +44,7 @@ def test_builtin_model_names_are_the_examples():
 
 
 @pytest.mark.parametrize("command", ["explain", "demo", "report", "cache", "backends",
-                                     "probe"])
+                                     "probe", "calibrate"])
 def test_every_option_is_described(command):
     """Before: `arbiter explain --help` and `arbiter demo --help` described none of their
     options."""
@@ -65,7 +65,8 @@ def test_top_help_has_no_rst_and_names_the_models():
 
 
 @pytest.mark.parametrize("args", [["explain", "--help"], ["demo", "--help"],
-                                  ["cache", "--help"], ["backends", "--help"]])
+                                  ["cache", "--help"], ["backends", "--help"],
+                                  ["calibrate", "--help"]])
 def test_help_imports_no_torch(args):
     from test_cli import CHECK
 
@@ -220,3 +221,18 @@ def test_report_into_a_file_has_no_padded_tables(capsys):
     title = lines.index("graph 0: ops")
     rule = next(line for line in lines[title:] if set(line.strip()) == {"─"})
     assert len(rule) < 90, lines[title:title + 5]
+
+
+def test_backends_shows_the_calibration_the_cache_holds(tmp_path, monkeypatch):
+    """`arbiter backends` ends with this machine's calibration for the embedded default's
+    backends, from the cache (nothing measured: an empty cache says so)."""
+    from arbiter.cli.backends import calibration_lines
+    from arbiter.measure import calibration
+
+    monkeypatch.setenv("ARBITER_CACHE_DIR", str(tmp_path / "cache"))
+    calibration.forget()
+    lines = calibration_lines()
+    assert lines[0].startswith("calibration on this machine (")
+    rows = dict(line.strip().split(": ", 1) for line in lines[1:])
+    assert "eager" in rows and "onnxruntime" in rows
+    assert set(rows.values()) == {"not calibrated"}

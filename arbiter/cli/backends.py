@@ -70,7 +70,31 @@ def table(found: list[tuple[str, str, str, str, str]], width: int) -> list[str]:
     return lines
 
 
+def calibration_lines() -> list[str]:
+    """This machine's calibration for the embedded default config's backends, as the
+    cache holds it (nothing is measured here: `arbiter calibrate` does)."""
+    import torch
+
+    from ..arbiter import Arbiter
+    from ..measure.calibration import Calibrations, backend_row
+
+    be = Arbiter(None)
+    be.apply_resources()  # the thread count keys the calibration
+    cal = Calibrations(be.planner, be.cache, measure=False, pinned=False)
+    got = cal.cached()
+    known = cal.measured(measure=False)
+    lines = [f"calibration on this machine ({torch.get_num_threads()} threads; what policy "
+             "`calibrated` predicts with; `arbiter calibrate` measures it):"]
+    for name in cal.names:
+        m = known.get(name)
+        load = f" (measured at load {m.load:.1f} per core)" if m and m.load else ""
+        lines.append(f"  {name}: {backend_row(got.get(name))}{load}")
+    return lines
+
+
 def run(args) -> int:
     width = args.width or (shutil.get_terminal_size().columns if sys.stdout.isatty() else 80)
     print("\n".join(table(rows(), width)))
+    print()
+    print("\n".join(calibration_lines()))
     return 0

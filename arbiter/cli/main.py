@@ -1,7 +1,9 @@
 """arbiter: one torch.compile backend that splits ATen graphs across backends, and says
 what ran where.
 
-    arbiter backends                     every backend: available?, why not, version
+    arbiter backends                     every backend: available?, why not, version;
+                                         this machine's calibration
+    arbiter calibrate [--out FILE]       time each backend here once (policy calibrated)
     arbiter explain MODEL [--config C]   the plan for a model, without compiling
     arbiter report MODEL [--html P]      compile, run, and report what ran where (or a
                                          saved program's report: arbiter report PATH)
@@ -70,6 +72,8 @@ _MODULE_COMMANDS = {
     "probe": ("arbiter.cli.probe", "verify a backend's manifest against PyTorch's OpInfo"),
     "cache": ("arbiter.cli.cache", "list, size or clear the persistent cache"),
     "backends": ("arbiter.cli.backends", "list backends and whether they can run here"),
+    "calibrate": ("arbiter.cli.calibrate", "measure this machine's calibration "
+                  "(policy `calibrated`)"),
     "demo": ("arbiter.cli.demo", "compile a model across backends; check it, report, speed"),
     "export": ("arbiter.cli.export", "export, compile and save a model (arbiter.load reads it)"),
 }
@@ -105,8 +109,8 @@ def _add_schema(sub, raw) -> None:
 
 
 #: Commands in the order ``arbiter --help`` lists them.
-_ORDER = ("backends", "explain", "report", "demo", "export", "cache", "probe", "manifest",
-          "schema")
+_ORDER = ("backends", "calibrate", "explain", "report", "demo", "export", "cache", "probe",
+          "manifest", "schema")
 _HANDLERS = {"explain": (_add_explain, cmd_explain), "manifest": (_add_manifest, cmd_manifest),
              "schema": (_add_schema, cmd_schema)}
 

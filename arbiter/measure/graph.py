@@ -51,6 +51,15 @@ from .winner import held, pick, record_outcome
 
 log = logging.getLogger(__name__)
 
+#: The search after the whole-graph candidates (mixing, refinement) stops starting
+#: compiles once the first call has taken this many times what the candidates took
+#: (their compiles, warm-ups and timing rounds: about the sum of the single backends'
+#: compiles): `measure` costs at most about twice that (docs/policies.md).
+SEARCH_FACTOR = 2.0
+#: ... and never less than this many seconds (a graph of milliseconds, whose candidates
+#: compile in a moment, still gets a search).
+SEARCH_MIN_S = 5.0
+
 
 @dataclass(frozen=True)
 class GraphToMeasure:
@@ -235,6 +244,12 @@ class MeasuredGraph:
         order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
         with torch.random.fork_rng(devices=[]):
             self._measure_candidates(order, args)
+            if getattr(opts, "mix", False) or opts.refine:
+                took = self._timing.elapsed()
+                self._timing.limit_s = max(SEARCH_FACTOR * took, took + SEARCH_MIN_S)
+                log.info("%s: the whole-graph candidates took %.1f s; mixing and refinement "
+                         "start nothing past %.1f s", self._label, self._timing.elapsed(),
+                         self._timing.budget_s)
             if getattr(opts, "mix", False):
                 self._mix(args)
             if opts.refine:

@@ -152,11 +152,11 @@ class Mixer:
         # its compile, predicted from the probes' (per segment, by backend): a compile
         # under way is never interrupted, so one that would overrun the budget is not begun
         need = sum(compile_s.get(b, 0.0) for b in path)
-        if elapsed + need > timing.options.time_budget_s:
+        if elapsed + need > timing.budget_s:
             log.info("%s: mixing: compiling the mixed placement (%d partitions, about %.0f s "
                      "by the probes' compiles) would overrun the measure budget (%.0f s "
                      "spent of %.0f)", self._label, len(plan.partitions), need, elapsed,
-                     timing.options.time_budget_s)
+                     timing.budget_s)
             return
         cand = Candidate(f"{MIX}{summary(segs, path)}", plan,
                          plan_ms(plan, self._planner.inline), steer=steer)

@@ -23,7 +23,7 @@ import torch.fx
 
 from ..plan.partition import Partition, Plan
 from ..plan.planner import Planner
-from ..plan.policy import Candidate
+from ..plan.policy import ONLY, Candidate
 from ..plan.segments import Segment, pair_kind, probe_layouts
 from ..run.piece import Piece
 from .timing import Timing, pieces_of
@@ -146,9 +146,14 @@ class Probes:
         probes = []
         for k, b in [(k, b) for k in range(len(layouts)) for b in backends]:
             elapsed = timing.elapsed()
-            if elapsed > timing.options.time_budget_s:
+            # a layout compiles about what the whole graph did on b: one that would
+            # overrun the budget is not begun (a compile under way is not interrupted)
+            need = timing.prepare_s.get(ONLY + b, 0.0)
+            if elapsed + need > timing.budget_s:
                 log.info("%s: measure budget spent while timing segments (probes %d/%d "
-                         "on %s and after left)", self._label, k + 1, len(layouts), b)
+                         "on %s and after left; about %.0f s each, %.0f of %.0f s spent)",
+                         self._label, k + 1, len(layouts), b, need, elapsed,
+                         timing.budget_s)
                 break
             mine = [inst for inst in layouts[k] if all(b in able[i] for i in inst)]
             if not mine:

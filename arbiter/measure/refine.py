@@ -74,7 +74,7 @@ class Refiner:
             for backend in common:
                 for what, nodes in moves:
                     elapsed = timing.elapsed()
-                    if elapsed > timing.options.time_budget_s:
+                    if elapsed > timing.budget_s:
                         log.info("%s: measure budget spent during refinement", self._label)
                         return
                     trial = dict(prefer)

@@ -17,7 +17,11 @@ the candidate (``measured_ms``, ``spread_ms``). What it decides:
   neither is one apart from the fastest;
 * **margins**: a challenger (a refinement step, the mixed candidate) beats the best so far
   only when faster by more than a margin twice (``beats``);
-* **the budget**: ``time_budget_s`` from ``begin``, and the progress line on stderr.
+* **the budget**: ``time_budget_s`` from ``begin``, lowered by ``limit_s`` (the search
+  after the whole-graph candidates may take as long again as they took: ``SEARCH_FACTOR``
+  in graph.py), and the progress line on stderr;
+* **compile times**: each candidate's compile and warm-up (``prepare_s``), from which
+  the search predicts what a probe on a backend will cost before starting it.
 
 Each timed piece's own time is kept per partition (``part_ms``: (backend, node names) ->
 median ms), for the report's per-partition times.
@@ -77,6 +81,8 @@ class Timing:
         self.samples: dict[str, list[float]] = {}  # label -> ms per call, per sample
         self.part_ms: dict[PartKey, float] = {}
         self.rounds_done = 0
+        self.prepare_s: dict[str, float] = {}  # label -> seconds of compile and warm-up
+        self.limit_s: Optional[float] = None  # lowers time_budget_s (the search's share)
         self.confident: Optional[bool] = None  # the winner apart from every other
         self._start = time.perf_counter()
         self._shown_at = 0.0  # when the last progress line was printed
@@ -89,8 +95,14 @@ class Timing:
     def elapsed(self) -> float:
         return time.perf_counter() - self._start
 
+    @property
+    def budget_s(self) -> float:
+        """``time_budget_s``, or ``limit_s`` when that is lower."""
+        b = self.options.time_budget_s
+        return b if self.limit_s is None else min(b, self.limit_s)
+
     def spent(self) -> bool:
-        return self.elapsed() > self.options.time_budget_s
+        return self.elapsed() > self.budget_s
 
     def progress(self, msg: str, elapsed: float) -> None:
         """INFO always; past PROGRESS_AFTER_S also a whole line on stderr, at most one
@@ -107,6 +119,7 @@ class Timing:
         (the first compiles) and pick how many calls one timing sample takes."""
         if cand.label in self.ready:
             return
+        start = time.perf_counter()
         fn, _ = self.build(cand)
         # The first call compiles; it is never timed, whatever `warmup` says.
         for _ in range(max(1, self.options.warmup)):
@@ -117,6 +130,8 @@ class Timing:
         # a sample of at least SAMPLE_S: a single call of a microsecond graph is noise
         inner = max(1, min(MAX_INNER, int(SAMPLE_S / max(once, 1e-9))))
         self.ready[cand.label] = Ready(fn, pieces_of(fn), inner)
+        for label in cand.labels:
+            self.prepare_s[label] = time.perf_counter() - start
         self.samples.setdefault(cand.label, [])
 
     def tried(self, cand: Candidate, run: Callable[[], None]) -> bool:

@@ -9,7 +9,7 @@ choice (the decision cache's key).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Optional, Union
 
 import torch.fx
@@ -38,6 +38,10 @@ class Planner:
         #: lower-precision variants (config `accuracy`), by name (``openvino:bf16``);
         #: not in the chain: candidates only (docs/precision.md)
         self.variants: dict[str, Backend] = {}
+        #: policy `calibrated`: backend -> ``predict.BackendCalibration`` of this machine
+        #: (set by the Arbiter: ``measure.calibration.Calibrations.get``; called with
+        #: False, nothing is measured); None: the static table prices every backend
+        self.calibration: Optional[Callable[..., dict]] = None
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 

@@ -13,7 +13,10 @@ Built in:
 
 * ``priority``: the config's order (the first able backend gets a node);
 * ``cost``: the candidate with the lowest static estimate (``cost.py``);
-* ``measure``: every candidate timed end to end on the first call.
+* ``measure``: every candidate timed end to end on the first call;
+* ``calibrated``: the candidate with the lowest time predicted from this machine's
+  calibration (``predict.py``); when the runner-up is predicted within ``CLOSE_MARGIN``
+  of it, both are timed on the first call and the faster runs.
 
 The candidates are whole-graph plans, each made by the linear partitioner:
 ``priority``, then for every available compiled backend ``only <backend>`` (that
@@ -39,12 +42,19 @@ from .capability import CapabilityTable
 from .cost import plan_ms
 from .partition import Plan
 from .planner import Planner
+from .predict import predict
 from .segments import SegmentTimes
 
 PRIORITY = "priority"
 ONLY = "only "
 #: Config `against_eager`: eager replaces a policy's plan only when faster by more than this.
 EAGER_MARGIN = 0.03
+#: Policy `calibrated`: a runner-up predicted within this fraction of the best is timed
+#: against it on the first call (the prediction cannot tell them apart).
+CLOSE_MARGIN = 0.25
+#: Policy `measure`, with this machine's calibration known: a compiled candidate
+#: predicted slower than this many times the best prediction is not compiled and timed.
+MEASURE_FAR = 2.0
 
 
 @dataclass
@@ -63,6 +73,8 @@ class Candidate:
     lowered: tuple[str, ...] = ()
     error: Optional[float] = None
     rejected: str = ""
+    # policy `calibrated`: the backends its estimate priced by the static table
+    uncalibrated: list[str] = field(default_factory=list)
 
     @property
     def labels(self) -> list[str]:
@@ -241,6 +253,9 @@ class Policy:
 
     name: ClassVar[str] = ""
     measures: ClassVar[bool] = False
+    #: a dry run (``arbiter.explain``) plans with this policy (it times nothing while
+    #: planning); otherwise a dry run shows the priority plan
+    dry_runs: ClassVar[bool] = False
 
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
         raise NotImplementedError
@@ -337,3 +352,77 @@ class Measure(Policy):
     def choose(self, planner: Planner, gm: torch.fx.GraphModule) -> Choice:
         cands = candidates(planner, gm)
         return Choice(cands[0].plan, _outcome(self.name, cands), cands)
+
+    def timed(self, planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
+              graph: GraphContext) -> Optional[TimedChoice]:
+        """Every candidate, except, when this machine's calibration is known (nothing is
+        measured for it here) for every backend they use, a compiled one predicted slower
+        than ``MEASURE_FAR`` times the best prediction: its compile is saved (`priority`
+        and eager whole are always timed)."""
+        timed = super().timed(planner, gm, choice, graph)
+        calib = planner.calibration(False) if planner.calibration is not None else {}
+        if timed is None or not calib:
+            return timed
+        got = {id(c): predict(c.plan, planner.inline, calib) for c in timed.candidates}
+        if any(p.uncalibrated for p in got.values()):
+            return timed
+        best = min(p.ms for p in got.values())
+        eager = ONLY + planner.fallback_name
+        keep = [c for c in timed.candidates if PRIORITY in c.labels or eager in c.labels
+                or got[id(c)].ms <= MEASURE_FAR * best]
+        for c in timed.candidates:
+            c.estimate_ms = got[id(c)].ms
+        return TimedChoice(keep, timed.margin, timed.search)
+
+
+@register_policy
+class Calibrated(Policy):
+    """The candidate with the lowest time predicted from this machine's calibration
+    (``predict.py``; ``Planner.calibration``); a runner-up within ``CLOSE_MARGIN`` is
+    timed against it on the first call (docs/policies.md)."""
+
+    name = "calibrated"
+    dry_runs = True
+
+    def choose(self, planner: Planner, gm: torch.fx.GraphModule,
+               eager: bool = True) -> Choice:
+        """``eager``: the whole graph in eager ATen is a candidate (not under config
+        ``against_eager: off``, which keeps a graph off eager as a whole)."""
+        # lower-precision variants are never chosen unmeasured (``checked`` times them)
+        cands = [c for c in candidates(planner, gm) if not c.lowered]
+        if not eager and len(cands) > 1:
+            only_eager = ONLY + planner.fallback_name
+            cands = [c for c in cands if c.labels != [only_eager]] or cands
+        calib = planner.calibration() if planner.calibration is not None else {}
+        for c in cands:
+            got = predict(c.plan, planner.inline, calib)
+            c.estimate_ms = got.ms
+            c.uncalibrated = sorted(got.uncalibrated)
+        picked = choose_by_cost(cands)
+        outcome = _outcome(self.name, cands)
+        outcome.chosen = picked.label
+        return Choice(picked.plan, outcome, cands)
+
+    def decide(self, planner: Planner, gm: torch.fx.GraphModule,
+               graph: GraphContext) -> Choice:
+        choice = self.choose(planner, gm, eager=graph.against_eager != "off")
+        choice.timed = self.timed(planner, gm, choice, graph)
+        return choice
+
+    def timed(self, planner: Planner, gm: torch.fx.GraphModule, choice: Choice,
+              graph: GraphContext) -> Optional[TimedChoice]:
+        """The predicted best and, when within ``CLOSE_MARGIN``, the runner-up (each
+        compiled once; the decision is cached), with what the config asks beside
+        (``checked``: eager under ``against_eager``, lower-precision variants)."""
+        base = checked(planner, gm, choice, graph)
+        best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+        rest = sorted((c for c in choice.candidates if c is not best),
+                      key=lambda c: c.estimate_ms)
+        if not rest or rest[0].estimate_ms > best.estimate_ms * (1 + CLOSE_MARGIN):
+            return base
+        runner = rest[0]
+        timed = [best, runner]
+        keys = {plan_key(best.plan), plan_key(runner.plan)}
+        if base is not None:
+            timed += [c for c in base.candidates[1:] if plan_key(c.plan) not in keys]
+        return TimedChoice(timed, base.margin if base is not None else 0.0, search=False)

@@ -1,0 +1,235 @@
+"""Where this machine's calibration comes from, and where it is kept (policy `calibrated`).
+
+``Calibrations.get()`` gives each available backend's ``BackendCalibration``
+(plan/predict.py), from, in order:
+
+1. a calibration file (config ``calibration.file``, else ``$ARBITER_CALIBRATION``),
+   written by ``arbiter calibrate --out FILE``: pinned, never measured further (the
+   placement gate plans with one, so that its plans do not depend on the machine);
+2. this process's memory, then the persistent cache (kind ``calibration``), one entry per
+   backend keyed by the machine (CPU model, cores), torch's thread count, torch's version
+   and the backend's name, version and options (``Backend.cache_parts``): another
+   machine, thread count or backend version is calibrated anew;
+3. measuring what is missing (``calibrate.Calibrator``), within
+   ``calibration.time_budget_s``, with a progress line on stderr; a dry run never
+   measures. Untried cells are measured the next time a calibration is needed.
+
+A backend with no calibration is priced by the static table (plan/cost.py), and the
+policy's outcome says so.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from typing import Any, Optional
+
+import torch
+
+from ..cache import Cache
+from ..errors import ArbiterError
+from ..plan.predict import BackendCalibration
+from .calibrate import CELLS, Calibrator, Measured
+
+log = logging.getLogger(__name__)
+
+KIND = "calibration"
+ENV_FILE = "ARBITER_CALIBRATION"
+FORMAT = 1
+#: A calibration file larger than this is refused (it is read whole).
+MAX_FILE_BYTES = 1 << 20
+
+_MEMO: dict[str, Measured] = {}  # cache key -> measured, for this process
+_LOCK = threading.Lock()
+
+
+def machine() -> dict:
+    """What identifies this machine's speed: CPU model, core count, architecture."""
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            for line in f.read(1 << 16).decode(errors="replace").splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "arch": platform.machine()}
+
+
+def key_parts(backend: Any, threads: int) -> dict:
+    return {"kind": KIND, "format": FORMAT, "machine": machine(), "threads": threads,
+            **backend.cache_parts()}
+
+
+def _key(parts: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps({"torch": torch.__version__, **parts}, sort_keys=True,
+                                     default=str).encode()).hexdigest()
+
+
+def read_file(path: str) -> dict[str, Measured]:
+    """A calibration file's backends (``write_file``'s shape); ArbiterError naming the
+    file and what is wrong otherwise."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise ArbiterError(f"calibration file {path}: {size} bytes, more than the "
+                               f"{MAX_FILE_BYTES} a calibration may have")
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ArbiterError(f"calibration file {path}: cannot read it ({exc}); write one "
+                           "with `arbiter calibrate --out FILE`") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT \
+            or not isinstance(raw.get("backends"), dict):
+        raise ArbiterError(f"calibration file {path}: not a calibration of format {FORMAT} "
+                           "(keys `format`, `backends`); write one with `arbiter calibrate "
+                           "--out FILE`")
+    out = {}
+    for name, entry in raw["backends"].items():
+        m = Measured.from_json(entry.get("measured") if isinstance(entry, dict) else None)
+        if m is None:
+            raise ArbiterError(f"calibration file {path}: backend {name!r}: `measured` must "
+                               "hold times_us, work and refused mappings")
+        out[name] = m
+    return out
+
+
+def write_file(path: str, measured: dict[str, Measured], backends: dict) -> None:
+    """A calibration file: the machine, threads and each backend's measurements."""
+    data = {"format": FORMAT, "machine": machine(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "backends": {n: {"version": _version(backends[n]), "measured": m.to_json()}
+                         for n, m in measured.items()}}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def _version(backend: Any) -> Optional[str]:
+    try:
+        return backend.version()
+    except Exception:  # noqa: BLE001 - a version is not worth a failure
+        return None
+
+
+class Calibrations:
+    """The calibration one planner's policy reads (see the module docstring)."""
+
+    def __init__(self, planner: Any, cache: Optional[Cache], file: Optional[str] = None,
+                 budget_s: Optional[float] = 60.0, measure: bool = True,
+                 progress: bool = True, again: bool = False, pinned: bool = True):
+        """``again``: measure every cell anew; ``pinned=False``: ignore a calibration
+        file (``arbiter calibrate`` measures the machine whatever pins it)."""
+        self._planner = planner
+        self._cache = cache
+        self._file = (file or os.environ.get(ENV_FILE) or None) if pinned else None
+        self._again = again
+        self._budget_s = budget_s
+        self._measure = measure
+        self._progress = progress
+        self._got: Optional[dict[str, Measured]] = None
+        self.source = ""  # "file <path>", "measured", "cache": the report says it
+
+    @property
+    def names(self) -> list[str]:
+        p = self._planner
+        return [n for n in p.backends if n not in p.unavailable]
+
+    def measured(self, measure: bool = True) -> dict[str, Measured]:
+        """Each available backend's measurements (measuring what is missing, once);
+        ``measure=False``: what is known without measuring (kept only when complete)."""
+        with _LOCK:
+            if self._got is not None:
+                return self._got
+            if not measure:
+                saved, self._measure = self._measure, False
+                try:
+                    got = self._load()
+                finally:
+                    self._measure = saved
+                if len(got) == len(self.names) and all(m.complete() for m in got.values()):
+                    self._got = got
+                return got
+            self._got = self._load()
+            return self._got
+
+    def get(self, measure: bool = True) -> dict[str, BackendCalibration]:
+        """The prediction's view of ``measured``: backend -> calibration (a backend
+        without its per-call cell is left out: the static table prices it)."""
+        out = {}
+        for name, m in self.measured(measure).items():
+            c = m.calibration(self._planner.backends[name].inline_aten)
+            if c is not None:
+                out[name] = c
+        return out
+
+    def cached(self) -> dict[str, BackendCalibration]:
+        """What the file, memory or cache holds for this planner's backends, nothing
+        measured."""
+        return self.get(measure=False)
+
+    def _load(self) -> dict[str, Measured]:
+        if self._file:
+            pinned = read_file(self._file)
+            self.source = f"file {self._file}"
+            return {n: m for n, m in pinned.items() if n in self.names}
+        threads = torch.get_num_threads()
+        keys = {n: _key(key_parts(self._planner.backends[n], threads)) for n in self.names}
+        have: dict[str, Measured] = {}
+        for n, k in keys.items():
+            if self._again:
+                break
+            m = _MEMO.get(k)
+            if m is None and self._cache is not None:
+                m = Measured.from_json(self._cache.get_json(KIND, k))
+            if m is not None:
+                have[n] = m
+        self.source = "cache"
+        if not self._measure or all(m.complete() for m in have.values()) \
+                and len(have) == len(keys):
+            return have
+        return self._complete(keys, have)
+
+    def _complete(self, keys: dict[str, str], have: dict[str, Measured]) -> dict[str, Measured]:
+        """Measure what ``have`` lacks (within the budget), keep it, return it all."""
+        missing = [n for n in keys if n not in have or not have[n].complete()]
+        start = time.perf_counter()
+        got = Calibrator(self._planner, self._budget_s, self._progress).run(missing, have)
+        log.info("calibration of %s: %.1f s (%d cells each)", ", ".join(missing),
+                 time.perf_counter() - start, len(CELLS))
+        self.source = "measured"
+        for n, m in got.items():
+            _MEMO[keys[n]] = m
+            if self._cache is not None:
+                self._cache.put_json(KIND, keys[n], m.to_json())
+            have[n] = m
+        return have
+
+
+def forget() -> None:
+    """Drop this process's memory of calibrations (tests)."""
+    with _LOCK:
+        _MEMO.clear()
+
+
+def backend_row(calib: Optional[BackendCalibration]) -> str:
+    """One backend's calibration in a few words (``arbiter backends``): its per-call (or
+    per-node) cost and each class's rate at its largest calibrated size."""
+    if calib is None:
+        return "not calibrated"
+    parts = [f"call {calib.call_us:.1f} us" if calib.call_us else
+             f"node {calib.node_us:.1f} us"]
+    for cls, cells in calib.cells.items():
+        w, us = cells[-1]
+        rate = w / us / 1e3  # work per us -> G per s
+        unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
+        parts.append(f"{cls} {rate:.3g} {unit}")
+    return ", ".join(parts)

@@ -1,0 +1,182 @@
+"""A plan's time predicted from this machine's calibration (policy `calibrated`).
+
+The calibration (arbiter/measure/calibrate.py measures it, arbiter/measure/calibration.py
+keeps it) holds, per backend, its fixed cost per call (``call_us``: a tiny compiled
+graph), its cost per node (``node_us``: eager's dispatch; 0 for a compiled backend, whose
+per-node cost is in its call) and, per op class, the time of graphs of that class at a
+few sizes (``cells``: (work, microseconds) pairs; work is FLOPs for matrix products,
+convolutions and attention, bytes moved for the rest, as ``cost.node_work`` counts).
+
+A node's time on a backend is its backend's ``node_us`` plus its class's time for its
+work there: piecewise linear through the calibrated sizes, extended below the smallest
+by the line through the two smallest (its intercept is a fixed cost per op) and above
+the largest at the largest's rate (``BackendCalibration.class_us``). A partition run by
+a compiled backend adds that backend's ``call_us`` and ``boundary_us`` per tensor
+crossing into or out of it, so a plan cut into many partitions pays every cut (training
+plans whose backend cannot return some values come out in 10-40 partitions). A backend or class the calibration lacks is priced by the
+static table (``cost.py``), and the prediction says so (``Prediction.uncalibrated``).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx
+
+from ..ops import is_getitem
+from .cost import BackendCost, CostTable, load_table, node_work
+from .partition import Plan
+
+#: Op classes the calibration measures, and the ATen packets (``aten.<name>``) of each;
+#: ops of no class move bytes at the ``elementwise`` rate.
+CLASSES: dict[str, frozenset[str]] = {
+    "linear": frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul"}),
+    "conv": frozenset({"convolution", "_convolution", "convolution_backward"}),
+    "attention": frozenset({"_scaled_dot_product_flash_attention_for_cpu",
+                            "_scaled_dot_product_efficient_attention",
+                            "_scaled_dot_product_flash_attention",
+                            "_scaled_dot_product_attention_math",
+                            "_scaled_dot_product_flash_attention_for_cpu_backward"}),
+    "norm": frozenset({"native_layer_norm", "native_layer_norm_backward",
+                       "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
+                       "native_batch_norm", "native_batch_norm_backward",
+                       "native_group_norm", "native_group_norm_backward"}),
+    "reduction": frozenset({"sum", "mean", "amax", "amin", "max", "min", "prod", "var",
+                            "var_mean", "argmax", "argmin", "logsumexp", "_softmax",
+                            "_log_softmax", "_softmax_backward_data",
+                            "_log_softmax_backward_data", "cumsum"}),
+}
+#: Ops that move no data (views, metadata): their nodes cost only ``node_us``.
+FREE = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand",
+                  "unsqueeze", "squeeze", "slice", "select", "alias", "detach",
+                  "as_strided", "split", "split_with_sizes", "unbind", "sym_size",
+                  "sym_numel", "sym_stride", "lift_fresh_copy"})
+
+
+@dataclass(frozen=True)
+class BackendCalibration:
+    """One backend's measured costs on this machine (see the module docstring)."""
+
+    call_us: float
+    node_us: float
+    cells: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    def class_us(self, cls: str, work: float) -> Optional[float]:
+        """Microseconds of ``work`` of class ``cls`` (no per-node cost), or None when the
+        class was not calibrated. Time is piecewise linear in work through the calibrated
+        sizes: below the smallest, the line through the two smallest (its intercept, at
+        least 0, is the class's fixed cost per op: a tiny matmul is not free); above the
+        largest, the largest's rate; with one size, that size's rate."""
+        cells = self.cells.get(cls)
+        if not cells:
+            return None
+        if work <= 0:
+            return 0.0
+        (w0, t0) = cells[0]
+        if len(cells) == 1 or work >= cells[-1][0]:
+            w, t = cells[-1]
+            return work * t / w
+        i = max(1, bisect.bisect_left([w for w, _ in cells], work))
+        (wa, ta), (wb, tb) = cells[i - 1], cells[i]
+        slope = (tb - ta) / (wb - wa) if wb > wa else 0.0
+        if slope <= 0:  # noise: the larger ran no slower; its rate
+            return work * tb / wb
+        if work < w0:
+            fixed = max(0.0, t0 - slope * w0)
+            return min(t0, fixed + slope * work)
+        return ta + slope * (work - wa)
+
+    def to_json(self) -> dict:
+        return {"call_us": self.call_us, "node_us": self.node_us,
+                "cells": {k: [list(c) for c in v] for k, v in self.cells.items()}}
+
+    @classmethod
+    def from_json(cls, raw: dict) -> "BackendCalibration":
+        """From ``to_json``'s shape; ValueError on anything else (a file is checked)."""
+        if not isinstance(raw, dict):
+            raise ValueError("a backend's calibration must be a mapping")
+        cells = {}
+        for k, v in (raw.get("cells") or {}).items():
+            if k not in CLASSES and k != "elementwise":
+                raise ValueError(f"unknown op class {k!r} (valid: "
+                                 f"{', '.join([*CLASSES, 'elementwise'])})")
+            pairs = tuple(sorted((float(w), float(us)) for w, us in v))
+            if any(w <= 0 or us <= 0 for w, us in pairs):
+                raise ValueError(f"class {k!r}: work and time must be positive")
+            cells[k] = pairs
+        return cls(float(raw["call_us"]), float(raw["node_us"]), cells)
+
+
+def op_class(node: torch.fx.Node) -> str:
+    """The calibration class of an ATen node: one of ``CLASSES``, ``free`` or
+    ``elementwise``."""
+    target = node.target
+    name = getattr(getattr(target, "_schema", None), "name", "") or str(target)
+    packet = name.split("::")[-1].split(".")[0]
+    if packet in FREE:
+        return "free"
+    for cls, packets in CLASSES.items():
+        if packet in packets:
+            return cls
+    return "elementwise"
+
+
+@dataclass
+class Prediction:
+    ms: float
+    uncalibrated: set[str] = field(default_factory=set)  # backends priced by the static table
+
+
+def _static_us(node: torch.fx.Node, cls: str, row: BackendCost) -> float:
+    flops, moved = node_work(node)
+    if cls == "free":
+        return row.node_us
+    return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3)
+
+
+def node_us(node: torch.fx.Node, backend: str, calib: Optional[BackendCalibration],
+            table: CostTable) -> tuple[float, bool]:
+    """(microseconds, calibrated) of one node on ``backend``."""
+    cls = op_class(node)
+    if calib is None:
+        return _static_us(node, cls, table.of(backend)), False
+    if cls == "free":
+        return calib.node_us, True
+    flops, moved = node_work(node)
+    work = flops if flops else moved
+    us = calib.class_us(cls, work)
+    if us is None:
+        us = calib.class_us("elementwise", work) if not flops else None
+    if us is None:
+        return _static_us(node, cls, table.of(backend)), False
+    return calib.node_us + us, True
+
+
+def predict(plan: Plan, inline: set[str], calibration: dict[str, BackendCalibration],
+            table: Optional[CostTable] = None) -> Prediction:
+    """The predicted milliseconds of one call of ``plan`` (see the module docstring).
+    ``inline``: backends whose partitions run in place (no call, no boundary)."""
+    table = table or load_table()
+    out = Prediction(0.0)
+    total = 0.0
+    for part in plan.partitions:
+        base = part.backend.split(":")[0]  # a lower-precision variant: its backend's
+        calib = calibration.get(part.backend) or calibration.get(base)
+        members = set(part.nodes)
+        for n in part.nodes:
+            if is_getitem(n):
+                continue
+            us, known = node_us(n, part.backend, calib, table)
+            total += us
+            if not known:
+                out.uncalibrated.add(part.backend)
+        if part.backend in inline:
+            continue
+        crossing = {i for n in part.nodes for i in n.all_input_nodes if i not in members}
+        crossing |= {n for n in part.nodes if any(u not in members for u in n.users)}
+        call = calib.call_us if calib is not None else table.of(part.backend).call_us
+        total += call + table.boundary_us * len(crossing)
+    out.ms = total / 1e3
+    return out

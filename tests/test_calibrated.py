@@ -1,0 +1,274 @@
+"""Policy `calibrated` (arbiter/plan/policy.py), its prediction (arbiter/plan/predict.py)
+and this machine's calibration (arbiter/measure/calibrate.py, calibration.py).
+
+Predictions are checked with calibrations written by the test (what a call costs, how
+fast each class runs), so the assertions are about behaviour: a backend whose call costs
+more than a tiny graph does not get it, a plan cut into many partitions loses to a whole
+one, close predictions are timed, far ones are not. Measuring is checked on eager alone
+(nothing to compile: seconds), for what it keeps and where.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import arbiter
+from arbiter.measure import calibration as calmod
+from arbiter.measure.calibrate import CELLS
+from arbiter.plan.policy import CLOSE_MARGIN, GraphContext, get_policy
+from arbiter.plan.predict import BackendCalibration, op_class, predict
+
+from conftest import trace
+
+OPS = ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.mm.default",
+       "aten.t.default", "aten.addmm.default"]
+
+
+def mlp(x, w1, w2):
+    return torch.relu(x @ w1) @ w2 + 1
+
+
+def _args():
+    return torch.randn(4, 16), torch.randn(16, 16), torch.randn(16, 4)
+
+
+def calib(call_us: float, gflops: float = 100.0, gbps: float = 50.0,
+          node_us: float = 0.0) -> BackendCalibration:
+    """A calibration of one cell per class, at the given rates."""
+    w = 1e6
+    return BackendCalibration(call_us, node_us, {
+        "linear": ((w, w / (gflops * 1e3)),),
+        "elementwise": ((w, w / (gbps * 1e3)),)})
+
+
+@pytest.fixture
+def two(make_backend):
+    make_backend("costly", OPS)   # a big per-call cost, fast kernels
+    make_backend("cheap", OPS)    # a small per-call cost, slower kernels
+    return {"backends": ["costly", "cheap"], "policy": "calibrated", "min_block_size": 1,
+            "against_eager": "off"}
+
+
+def _choose(config, table, gm):
+    be = arbiter.Arbiter(config)
+    be.planner.calibration = lambda measure=True: table
+    policy = get_policy("calibrated")
+    # inference graphs are not timed against eager, but eager whole is a candidate
+    return policy.decide(be.planner, gm, GraphContext("inference",
+                                                      against_eager="training")), be
+
+
+def test_a_tiny_graph_never_lands_on_a_backend_whose_call_costs_more(two):
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(50.0, gflops=400), "cheap": calib(6.0, gflops=50),
+             "eager": calib(0.0, gflops=50, node_us=5.0)}
+    choice, _ = _choose(two, table, gm)
+    assert {p.backend for p in choice.plan.partitions} == {"cheap"}
+    assert choice.timed is None  # 6 us against 50: far apart, nothing timed
+    est = choice.outcome.estimates_ms
+    assert est["only costly"] > est["only cheap"] and est["only eager"] > est["only cheap"]
+
+
+def test_a_large_graph_goes_where_its_classes_run_fastest(two):
+    big = (torch.randn(256, 512), torch.randn(512, 512), torch.randn(512, 256))
+    gm = trace(mlp, *big)
+    table = {"costly": calib(50.0, gflops=400), "cheap": calib(6.0, gflops=50),
+             "eager": calib(0.0, gflops=50, node_us=5.0)}
+    choice, _ = _choose(two, table, gm)
+    assert {p.backend for p in choice.plan.partitions} == {"costly"}
+    chosen = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+    assert "only costly" in chosen.labels  # and `priority`: costly comes first
+
+
+def test_close_predictions_time_the_two_best_once_each(two):
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(10.0), "cheap": calib(11.0), "eager": calib(0, node_us=50)}
+    choice, _ = _choose(two, table, gm)
+    timed = choice.timed
+    assert timed is not None and not timed.search
+    labels = [c.labels for c in timed.candidates]
+    assert len(labels) == 2 and "only costly" in labels[0] and "only cheap" in labels[1]
+    # beyond the margin: nothing timed
+    table["cheap"] = calib(10.0 * (1 + 2 * CLOSE_MARGIN) + 5)
+    assert _choose(two, table, gm)[0].timed is None
+
+
+def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
+    """A backend that cannot run one op of a chain is cut around it at every use: each
+    partition pays its call and its crossings, so the whole plan on the other backend
+    wins although this one's kernels are faster (training plans on OpenVINO: 10-40
+    partitions)."""
+    make_backend("gappy", ["aten.add.Tensor", "aten.mul.Tensor"])
+    make_backend("whole", ["aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"])
+
+    def chain(x):
+        for _ in range(6):
+            x = torch.relu(x * 2 + 1)
+        return x
+
+    gm = trace(chain, torch.randn(64, 64))
+    config = {"backends": ["gappy", "whole"], "policy": "calibrated", "min_block_size": 1,
+              "against_eager": "off"}
+    table = {"gappy": calib(30.0, gbps=200), "whole": calib(30.0, gbps=100),
+             "eager": calib(0.0, gbps=100, node_us=5.0)}
+    choice, be = _choose(config, table, gm)
+    assert choice.outcome.chosen == "only whole"
+    assert len(choice.plan.partitions) == 1
+    gappy = [c for c in choice.candidates if "only gappy" in c.labels][0]
+    assert len(gappy.plan.partitions) > 6
+    # the same kernels in one partition would have won: it is the cuts that lose
+    one = predict(choice.plan, be.planner.inline, {**table, "whole": table["gappy"]})
+    assert one.ms < gappy.estimate_ms
+
+
+def test_against_eager_off_keeps_the_graph_off_eager_as_a_whole(two):
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(50.0), "cheap": calib(50.0), "eager": calib(0.0, node_us=0.1)}
+    be = arbiter.Arbiter(two)
+    be.planner.calibration = lambda measure=True: table
+    policy = get_policy("calibrated")
+    on = policy.decide(be.planner, gm, GraphContext("inference", against_eager="training"))
+    assert on.outcome.chosen == "only eager"
+    off = policy.decide(be.planner, gm, GraphContext("inference", against_eager="off"))
+    assert "only eager" not in off.outcome.estimates_ms
+    assert {p.backend for p in off.plan.partitions} != {"eager"}
+
+
+def test_without_a_calibration_the_static_table_prices_and_says_so(two):
+    gm = trace(mlp, *_args())
+    choice, _ = _choose(two, {}, gm)
+    assert all(set(c.uncalibrated) >= {b for b in ("costly", "cheap")
+                                      if f"only {b}" in c.labels}
+               for c in choice.candidates)
+
+
+def test_op_classes():
+    gm = trace(lambda x, w: torch.softmax(torch.nn.functional.layer_norm(x @ w, (8,)), -1)
+               .view(-1), torch.randn(4, 8), torch.randn(8, 8))
+    got = [op_class(n) for n in gm.graph.nodes if n.op == "call_function"
+           and not str(n.target).startswith("<")]
+    assert got[0] == "linear" and "norm" in got and "reduction" in got and got[-1] == "free"
+
+
+def test_time_between_and_beyond_the_calibrated_sizes():
+    # 10 us for 1e3 of work, 100 us for 1e6: 9e-5 us per unit, 9.91 us fixed per op
+    c = BackendCalibration(0, 0, {"linear": ((1e3, 10.0), (1e6, 100.0))})
+    assert c.class_us("linear", 1e3) == pytest.approx(10.0)
+    assert c.class_us("linear", 1e6) == pytest.approx(100.0)
+    slope = 90.0 / (1e6 - 1e3)
+    assert c.class_us("linear", 5e5) == pytest.approx(10.0 + slope * (5e5 - 1e3))
+    # below the smallest: its fixed cost stays (a tiny matmul is not free)
+    assert c.class_us("linear", 1.0) == pytest.approx(10.0 - slope * 1e3 + slope)
+    assert c.class_us("linear", 1e9) == pytest.approx(1e5)  # the largest's rate
+    one = BackendCalibration(0, 0, {"norm": ((1e6, 100.0),)})
+    assert one.class_us("norm", 1e3) == pytest.approx(0.1)  # one size: its rate
+    assert c.class_us("conv", 1e6) is None
+
+
+# -- measuring and keeping --------------------------------------------------------------
+EAGER = {"backends": ["eager"], "policy": "calibrated"}
+
+
+@pytest.fixture
+def unpinned(monkeypatch):
+    """No pinned calibration, no memory of one, and small cells (seconds, not a minute)."""
+    from arbiter.measure import calibrate
+
+    monkeypatch.delenv(calmod.ENV_FILE, raising=False)
+    small = {"call", "linear 16x256x256", "conv 16ch 28x28", "elementwise 128x3072"}
+    monkeypatch.setattr(calibrate, "CELLS", [c for c in CELLS if c[0] in small])
+    calmod.forget()
+    yield
+    calmod.forget()
+
+
+def test_measured_once_kept_in_the_cache_and_read_back(tmp_path, unpinned):
+    config = {**EAGER, "cache": {"dir": str(tmp_path / "c")}}
+    be = arbiter.Arbiter(config)
+    cal = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
+    got = cal.get()
+    assert cal.source == "measured" and set(got) == {"eager"}
+    eager = got["eager"]
+    assert eager.call_us == 0 and eager.node_us > 0  # in place: its cost is per node
+    assert {"linear", "conv", "elementwise"} == set(eager.cells)
+    calmod.forget()  # a new process: the cache has it
+    again = calmod.Calibrations(be.planner, be.cache, progress=False)
+    assert again.get() == got and again.source == "cache"
+    # another thread count is another machine's calibration
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)
+        calmod.forget()
+        other = calmod.Calibrations(be.planner, be.cache, measure=False)
+        assert other.get() == {}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_budget_bounds_it_and_the_rest_is_measured_next_time(tmp_path, unpinned):
+    be = arbiter.Arbiter({**EAGER, "cache": {"dir": str(tmp_path / "c")}})
+    first = calmod.Calibrations(be.planner, be.cache, budget_s=1e-9, progress=False)
+    m = first.measured()["eager"]
+    assert not m.complete() and len(m.tried()) < 4
+    calmod.forget()
+    second = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
+    assert second.measured()["eager"].complete() and second.source == "measured"
+
+
+def test_a_calibration_file_pins_it_and_a_bad_one_is_named(tmp_path, unpinned):
+    be = arbiter.Arbiter(EAGER)
+    cal = calmod.Calibrations(be.planner, None, budget_s=None, progress=False)
+    path = tmp_path / "cal.json"
+    calmod.write_file(str(path), cal.measured(), be.backends)
+    pinned = calmod.Calibrations(be.planner, None, file=str(path), measure=True)
+    assert pinned.get() == cal.get() and pinned.source == f"file {path}"
+    raw = json.loads(path.read_text())
+    raw["format"] = 99
+    path.write_text(json.dumps(raw))
+    with pytest.raises(arbiter.ArbiterError, match=f"calibration file {path}.*format"):
+        calmod.Calibrations(be.planner, None, file=str(path)).get()
+
+
+def test_the_policy_runs_end_to_end_and_matches_eager(fresh_dynamo):
+    """The embedded default's policy on a real model (the test suite pins the
+    calibration: tests/calibration_reference.json)."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="arbiter",
+                             options={"config": "default", "against_eager": "off"})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    (g,) = arbiter.report_for(compiled).graphs
+    assert g.policy == "calibrated" and g.chosen in g.estimates_ms
+
+
+def test_the_cells_cover_every_class_at_sizes():
+    classes = {cls for _, cls, _ in CELLS}
+    assert classes == {"call", "linear", "conv", "attention", "elementwise", "norm",
+                       "reduction"}
+    assert sum(cls == "linear" for _, cls, _ in CELLS) == 2
+    assert sum(cls == "conv" for _, cls, _ in CELLS) == 2
+
+
+def test_measure_leaves_out_what_the_calibration_puts_far_behind(two):
+    """Policy `measure` with a known calibration compiles no candidate predicted slower
+    than MEASURE_FAR times the best (`priority` and eager whole are always timed); with a
+    backend the calibration lacks, everything is timed as before."""
+    from arbiter.plan.policy import MEASURE_FAR
+
+    make = dict(two, backends=["cheap", "costly"], policy="measure")
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(6.0 * MEASURE_FAR * 3), "cheap": calib(6.0),
+             "eager": calib(0.0, node_us=50.0)}
+    be = arbiter.Arbiter(make)
+    be.planner.calibration = lambda measure=True: table
+    choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
+    labels = [lab for c in choice.timed.candidates for lab in c.labels]
+    assert "only costly" not in labels
+    assert "priority" in labels and "only eager" in labels
+    be.planner.calibration = lambda measure=True: {"cheap": table["cheap"]}
+    choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
+    assert "only costly" in [lab for c in choice.timed.candidates for lab in c.labels]
