@@ -176,4 +176,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # the calibration the suite plans with (tests/conftest.py), not this machine's
+    import os
+    os.environ.setdefault("ARBITER_CALIBRATION", str(EXPECTED.with_name(
+        "calibration_reference.json")))
     sys.exit(main())

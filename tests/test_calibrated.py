@@ -217,6 +217,28 @@ def test_the_budget_bounds_it_and_the_rest_is_measured_next_time(tmp_path, unpin
     assert second.measured()["eager"].complete() and second.source == "measured"
 
 
+def test_first_needed_inside_a_compile_it_measures_real_tensors(tmp_path, unpinned,
+                                                                 make_backend, fresh_dynamo):
+    """A fresh machine's first compile calibrates inside Dynamo's backend call, under
+    AOTAutograd's FakeTensorMode: the calibration sets those aside (`make demo` failed
+    with "Please convert all Tensors to FakeTensors" before), measures, keeps it."""
+    make_backend("calib_aten", ["aten.mm.default", "aten.relu.default", "aten.add.Tensor",
+                                "aten.t.default", "aten.addmm.default"])
+    config = {"backends": ["calib_aten", "eager"], "policy": "calibrated",
+              "against_eager": "off", "min_block_size": 1,
+              "cache": {"dir": str(tmp_path / "c")}}
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        out = torch.compile(model, backend=arbiter.Arbiter(config))(x)
+        assert torch.allclose(out, model(x))
+    assert not calmod._FAILED
+    calmod.forget()
+    be = arbiter.Arbiter(config)
+    kept = calmod.Calibrations(be.planner, be.cache, measure=False).measured(False)
+    assert set(kept) == {"calib_aten", "eager"}, kept
+
+
 def test_a_calibration_file_pins_it_and_a_bad_one_is_named(tmp_path, unpinned):
     be = arbiter.Arbiter(EAGER)
     cal = calmod.Calibrations(be.planner, None, budget_s=None, progress=False)

@@ -202,7 +202,10 @@ class Calibrations:
         """Measure what ``have`` lacks (within the budget), keep it, return it all."""
         missing = [n for n in keys if n not in have or not have[n].complete()]
         start = time.perf_counter()
-        got = Calibrator(self._planner, self._budget_s, self._progress).run(missing, have)
+        got = _measure_apart(lambda: Calibrator(self._planner, self._budget_s,
+                                                self._progress).run(missing, have))
+        if got is None:
+            return have
         log.info("calibration of %s: %.1f s (%d cells each)", ", ".join(missing),
                  time.perf_counter() - start, len(CELLS))
         self.source = "measured"
@@ -214,10 +217,35 @@ class Calibrations:
         return have
 
 
+def _measure_apart(run: Any) -> Optional[dict]:
+    """``run()`` outside any compile's modes, or None (logged) when it raised. A
+    calibration first needed inside a compile (Dynamo's backend call: AOTAutograd's
+    FakeTensorMode and tracing context) measures real tensors and compiles graphs of its
+    own, so it runs with those modes and that context set aside (as plan/patterns.py
+    traces). A calibration that fails leaves the static cost table to price the backends
+    (plan/cost.py) and is not tried again in this process; the user's compile goes on."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if _FAILED:
+        return None
+    try:
+        with _disable_current_modes(), torch._guards.tracing(None):
+            return run()
+    except Exception as exc:  # noqa: BLE001 - never fail the user's compile for it
+        _FAILED.append(f"{type(exc).__name__}: {exc}")
+        log.warning("calibration failed (%s); the static cost table prices the backends "
+                    "it lacks in this process", _FAILED[-1])
+        return None
+
+
+_FAILED: list[str] = []  # a calibration that raised, once per process
+
+
 def forget() -> None:
     """Drop this process's memory of calibrations (tests)."""
     with _LOCK:
         _MEMO.clear()
+        _FAILED.clear()
 
 
 def backend_row(calib: Optional[BackendCalibration]) -> str:
