@@ -76,10 +76,12 @@ def _inputs(with_offsets: bool, kwargs: dict) -> tuple:
 
 
 def _config(name: str) -> dict:
-    """A shipped config, untimed and without a minimum partition size: the backends take
-    even these small graphs, and a node refused by one goes to the next able one."""
+    """A shipped config's backends, in priority order, untimed and without a minimum
+    partition size: the backends take even these small graphs, and a node refused by one
+    goes to the next able one (policy calibrated would put a graph this small where a
+    call costs least, whole)."""
     cfg = arbiter.load_config(name).model_dump(mode="json", exclude={"source"})
-    return {**cfg, "against_eager": "off", "min_block_size": 1}
+    return {**cfg, "against_eager": "off", "min_block_size": 1, "policy": "priority"}
 
 
 def _bag_ops(be, kind: str):
