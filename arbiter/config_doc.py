@@ -54,7 +54,7 @@ def _type(field) -> str:
 
     text = str(field.annotation).replace("typing.", "")
     text = re.sub(r"Annotated\[(\w+), Strict\(strict=True\)\]", r"\1", text)
-    for noise in ("arbiter.config.", "<class '", "'>"):
+    for noise in ("arbiter.config_options.", "arbiter.config.", "<class '", "'>"):
         text = text.replace(noise, "")
     for m in field.metadata:  # annotated-types bounds: Ge(ge=1) -> ">= 1"
         for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):

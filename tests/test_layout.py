@@ -25,7 +25,7 @@ LAYERS = [
     ("arbiter.registry",),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),
-    ("arbiter.config",),
+    ("arbiter.config", "arbiter.config_options"),
     ("arbiter.backends",),
     ("arbiter.run",),
     ("arbiter.measure",),
