@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -216,39 +217,43 @@ def all_finite(tensors) -> bool:
                and t.numel()]
     if not tensors:
         return True
-    arrays = [_as_numpy(t) for t in tensors]
-    if all(a is None for a in arrays):
-        return _all_finite_torch(tensors)
     import numpy as np
 
+    arrays = [_as_numpy(t) for t in tensors]
     # a sum of finite values past the dtype's range, or of +inf and -inf, is what the
     # sum is for: numpy's warnings about them are not the user's
     with np.errstate(over="ignore", invalid="ignore"):
         if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
-                len({t.dtype for t in tensors}) == 1 and all(a is not None for a in arrays):
-            merged = np.concatenate([a.reshape(-1) for a in arrays])
-            if np.isfinite(np.add.reduce(merged, axis=None, dtype=_NUMPY_SUM[tensors[0].dtype])):
+                len({t.dtype for t in tensors}) == 1:
+            if all(a is not None for a in arrays):
+                merged = np.concatenate([a.reshape(-1) for a in arrays])
+                whole = (tensors[0], merged)
+            elif all(a is None for a in arrays):
+                whole = (torch.cat([t.reshape(-1) for t in tensors]), None)
+            else:
+                whole = None
+            if whole is not None and _sum_finite(*whole):
                 return True
-        for t, a in zip(tensors, arrays):
-            if a is None:
-                if not _all_finite_torch([t]):
-                    return False
-            elif not np.isfinite(np.add.reduce(a, axis=None, dtype=_NUMPY_SUM[t.dtype])) \
-                    and not np.isfinite(a).all():
-                return False
-    return True
+        return all(_sum_finite(t, a) or _each_finite(t, a) for t, a in zip(tensors, arrays))
 
 
-def _all_finite_torch(tensors: list) -> bool:
-    """``all_finite`` with torch's own ops (tensors numpy cannot hold)."""
-    if 1 < len(tensors) and sum(t.numel() for t in tensors) <= _SMALL and \
-            len({t.dtype for t in tensors}) == 1:
-        if bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors]).sum())):
-            return True
-    for t in tensors:
-        if not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all()):
-            return False
-    return True
+def _sum_finite(t: torch.Tensor, a: Any) -> bool:
+    """Whether the sum of ``t``'s values is finite: by numpy over ``a`` (``t``'s memory,
+    ``_as_numpy``; ``t`` gives the dtype to sum in), else by torch."""
+    if a is None:
+        return bool(torch.isfinite(t.sum()))
+    import numpy as np
+
+    return bool(np.isfinite(np.add.reduce(a, axis=None, dtype=_NUMPY_SUM[t.dtype])))
+
+
+def _each_finite(t: torch.Tensor, a: Any) -> bool:
+    """Whether every value of ``t`` is finite, element by element (``a`` as above)."""
+    if a is None:
+        return bool(torch.isfinite(t).all())
+    import numpy as np
+
+    return bool(np.isfinite(a).all())
 
 
 def output_values(gm: torch.fx.GraphModule) -> Optional[list]:
@@ -290,17 +295,21 @@ DATA_MOVES = frozenset({
 DATA_ARGS = frozenset({"self", "input", "tensors"})
 
 
+def _schema_arguments(node: torch.fx.Node, schema: Any) -> Iterator[tuple[str, Any]]:
+    """(name, value) of each argument of ``node`` by its op's schema, positional or
+    keyword (None where left to its default)."""
+    for i, arg in enumerate(schema.arguments):
+        yield arg.name, node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+
+
 def _arg_names_reading(user: torch.fx.Node, node: torch.fx.Node) -> Optional[set]:
     """The schema names of ``user``'s arguments that hold ``node``; None when ``user``
     has no schema or reads it otherwise (nested in a non-list argument)."""
     schema = getattr(user.target, "_schema", None)
     if schema is None:
         return None
-    names = set()
-    for i, arg in enumerate(schema.arguments):
-        value = user.args[i] if i < len(user.args) else user.kwargs.get(arg.name)
-        if value is node or (isinstance(value, (list, tuple)) and node in value):
-            names.add(arg.name)
+    names = {name for name, value in _schema_arguments(user, schema)
+             if value is node or (isinstance(value, (list, tuple)) and node in value)}
     return names or None
 
 
@@ -335,19 +344,19 @@ def value_dtypes(node: torch.fx.Node) -> set:
         for inp in node.all_input_nodes:
             out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
         return out | {t.dtype for t in tensors_in(node.meta.get("val"))}
-    moved = (packet_name(op_name(node.target)) in DATA_MOVES and read_as_positions(node))
-    for i, arg in enumerate(schema.arguments):
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        if arg.name in INDEX_NAMES or (moved and arg.name in DATA_ARGS):
+    packet = packet_name(op_name(node.target))
+    moved = packet in DATA_MOVES and read_as_positions(node)
+    for name, value in _schema_arguments(node, schema):
+        if name in INDEX_NAMES or (moved and name in DATA_ARGS):
             continue
         for inp in (value if isinstance(value, (list, tuple)) else [value]):
             if isinstance(inp, torch.fx.Node):
                 out |= {t.dtype for t in tensors_in(inp.meta.get("val"))}
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (list, tuple)) and len(schema.returns) > 1 else [val]
     if moved:
         return out
-    positions = INDEX_RETURNS.get(packet_name(op_name(node.target)), ())
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (list, tuple)) and len(schema.returns) > 1 else [val]
+    positions = INDEX_RETURNS.get(packet, ())
     for k, (ret, v) in enumerate(zip(schema.returns, vals)):
         if ret.name not in INDEX_NAMES and k not in positions:
             out |= {t.dtype for t in tensors_in(v)}
