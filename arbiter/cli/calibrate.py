@@ -29,12 +29,13 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..arbiter import Arbiter
     from ..measure.calibration import Calibrations, backend_row, write_file
+    from .timing import load_average
 
     be = Arbiter(args.config)
     be.apply_resources()
     calib = Calibrations(be.planner, be.cache, budget_s=args.budget, again=args.again,
                          pinned=False)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = load_average()
     start = time.perf_counter()
     measured = calib.measured()
     took = time.perf_counter() - start

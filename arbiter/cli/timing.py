@@ -57,7 +57,8 @@ class Load:
                 f"on {plural(self.cpus, 'CPU')}{others}")
 
 
-def _load_average() -> float:
+def load_average() -> float:
+    """The 1-minute load average, NaN where the system has none."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
@@ -88,7 +89,7 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5, round_s: 
     """Time each of ``fns`` (warmed up already) in ``rounds`` interleaved rounds."""
     from ..registry import usable_cpus
 
-    before = _load_average()
+    before = load_average()
     others = other_busy_processes()
     timed = {}
     for name, fn in fns.items():  # the probe: how many calls make about round_s seconds
@@ -98,7 +99,7 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5, round_s: 
     for _ in range(max(1, rounds)):
         for name, fn in fns.items():
             timed[name].rounds_ms.append(statistics.median(_calls(fn, timed[name].calls)))
-    return timed, Load((before, _load_average()), usable_cpus(), others)
+    return timed, Load((before, load_average()), usable_cpus(), others)
 
 
 def too_busy(timed: dict[str, Timed], load: Load) -> Optional[str]:

@@ -202,7 +202,7 @@ class Calibrations:
         """Measure what ``have`` lacks (within the budget), keep it, return it all."""
         missing = [n for n in keys if n not in have or not have[n].complete()]
         start = time.perf_counter()
-        got = _measure_apart(lambda: Calibrator(self._planner, self._budget_s,
+        got = _measure_outside_compile(lambda: Calibrator(self._planner, self._budget_s,
                                                 self._progress).run(missing, have))
         if got is None:
             return have
@@ -217,7 +217,7 @@ class Calibrations:
         return have
 
 
-def _measure_apart(run: Any) -> Optional[dict]:
+def _measure_outside_compile(run: Any) -> Optional[dict]:
     """``run()`` outside any compile's modes, or None (logged) when it raised. A
     calibration first needed inside a compile (Dynamo's backend call: AOTAutograd's
     FakeTensorMode and tracing context) measures real tensors and compiles graphs of its
