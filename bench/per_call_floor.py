@@ -140,15 +140,15 @@ def capture(model, x, threads: int):
     return compiled, fn, fn_args, stitched, piece, piece_args, be, inner
 
 
-def ort_alone(model, x):
+def ort_alone(model, x, threads: int):
     import onnxruntime as ort
 
     logging.disable(logging.ERROR)
     prog = torch.onnx.export(model, (x,), dynamo=True, optimize=True, verbose=False)
     so = ort.SessionOptions()
-    # arbiter set up ONNX Runtime's global thread pool in this process (resources:);
-    # the session uses it too, so both run on the same threads
-    so.use_per_session_threads = False
+    # the session's own pool, as a user's (arbiter leaves ONNX Runtime's process-wide
+    # state alone: its sessions have their own pools too), as many threads as arbiter's
+    so.intra_op_num_threads = threads
     so.log_severity_level = 3
     sess = ort.InferenceSession(prog.model_proto.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
@@ -222,7 +222,7 @@ def main() -> None:
             fns["runner"] = lambda: runner(*piece_args)
             floor, keep, outs = ort_floor(runner, piece_args)
             fns["ort floor"] = floor
-        fns["ort alone"] = ort_alone(model, x)
+        fns["ort alone"] = ort_alone(model, x, args.threads)
         fns["eager"] = lambda: model(x)
         for name, backend in (("backend=eager", "eager"), ("backend=aot_eager", "aot_eager"),
                               ("dynamo+const", const_backend(False)),
