@@ -16,9 +16,11 @@ import torch
 
 import arbiter
 from arbiter.measure import calibration as calmod
-from arbiter.measure.calibrate import CELLS
+from arbiter.measure.calibrate import BLOCKS, CELLS, Measured, block_nodes
 from arbiter.plan.policy import CLOSE_MARGIN, GraphContext, get_policy
-from arbiter.plan.predict import BackendCalibration, op_class, predict
+from arbiter.plan.predict import (FACTOR_MIN_NODES, KINDS, BackendCalibration, block_kind,
+                                  node_us, op_class, predict)
+from arbiter.plan.cost import load_table
 
 from conftest import trace
 
@@ -167,6 +169,78 @@ def test_time_between_and_beyond_the_calibrated_sizes():
     assert c.class_us("conv", 1e6) is None
 
 
+def _chain_of(n: int):
+    def chain(x):
+        for i in range(n):
+            x = x * 1.5 if i % 2 else x + 1.0
+        return x
+    return trace(chain, torch.randn(64, 64))
+
+
+def test_a_block_factor_prices_large_partitions_and_leaves_small_ones(make_backend):
+    """A backend that fuses: its whole-block factor scales a partition of at least
+    FACTOR_MIN_NODES compute nodes; a smaller one is priced op by op."""
+    make_backend("fuser", ["aten.add.Tensor", "aten.mul.Tensor"])
+    config = {"backends": ["fuser"], "policy": "calibrated", "min_block_size": 1,
+              "against_eager": "off"}
+    be = arbiter.Arbiter(config)
+    plain = calib(10.0)
+    fused = BackendCalibration(plain.call_us, plain.node_us, plain.cells,
+                               {"matmul": 0.25, "conv": 4.0})
+
+    def only_fuser(gm):
+        choice = get_policy("priority").decide(be.planner, gm, GraphContext("inference"))
+        assert {p.backend for p in choice.plan.partitions} == {"fuser"}
+        return choice.plan
+
+    big = only_fuser(_chain_of(FACTOR_MIN_NODES))
+    ops_ms = sum(node_us(n, "fuser", plain, load_table())[0]
+                 for n in big.partitions[0].nodes) / 1e3
+    # not a convolution: the matmul kind's factor, on the ops' time (not the call's or
+    # the crossings')
+    assert block_kind(big.partitions[0].nodes) == "matmul"
+    assert predict(big, set(), {"fuser": plain}).ms - predict(big, set(), {"fuser": fused}).ms \
+        == pytest.approx(0.75 * ops_ms, rel=1e-3)
+    small = only_fuser(_chain_of(FACTOR_MIN_NODES - 2))
+    assert predict(small, set(), {"fuser": fused}).ms == pytest.approx(
+        predict(small, set(), {"fuser": plain}).ms)
+
+
+def test_a_block_factor_is_its_time_over_the_op_by_op_prediction():
+    """Measured.calibration: factor = (block time - call) / the block's ops predicted one
+    by one from the same backend's op cells; kept within FACTOR_RANGE."""
+    from arbiter.measure.calibrate import FACTOR_RANGE
+
+    gm = _chain_of(4)
+    nodes = block_nodes(gm)
+    assert [c for c, _, _ in nodes] == ["elementwise"] * 4 and not any(f for *_, f in nodes)
+    name = next(n for n, k in BLOCKS.items() if k == "matmul")
+    work = {"elementwise 128x3072": 1e6}
+    m = Measured({"call": 20.0, "elementwise 128x3072": 20.0 + 100.0, name: 20.0 + 6.0},
+                 dict(work, **{name: 0.0}), {}, nodes={name: nodes})
+    got = m.calibration(inline=False)
+    per_op = got.op_us("elementwise", nodes[0][1], False)
+    assert got.factors == {"matmul": pytest.approx(6.0 / (4 * per_op), rel=1e-3)}
+    assert 0.3 < got.factors["matmul"] < 0.7  # fusing: faster whole than op by op
+    m.times_us[name] = 1e9  # a broken measurement: clamped
+    assert m.calibration(inline=False).factors["matmul"] == FACTOR_RANGE[1]
+    # kept as JSON and read back, nodes included; an unknown kind in a file is refused
+    again = Measured.from_json(json.loads(json.dumps(m.to_json())))
+    assert again.nodes == m.nodes
+    raw = got.to_json()
+    assert BackendCalibration.from_json(raw) == got
+    with pytest.raises(ValueError, match="unknown block kind 'lstm'"):
+        BackendCalibration.from_json(dict(raw, factors={"lstm": 1.0}))
+
+
+def test_block_kind_follows_the_flops():
+    conv = trace(lambda x, w: torch.relu(torch.nn.functional.conv2d(x, w)) + 1,
+                 torch.randn(1, 8, 16, 16), torch.randn(8, 8, 3, 3))
+    mm = trace(lambda x, w: torch.relu(x @ w) + 1, torch.randn(8, 8), torch.randn(8, 8))
+    nodes = lambda gm: [n for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    assert block_kind(nodes(conv)) == "conv" and block_kind(nodes(mm)) == "matmul"
+
+
 # -- measuring and keeping --------------------------------------------------------------
 EAGER = {"backends": ["eager"], "policy": "calibrated"}
 
@@ -270,7 +344,9 @@ def test_the_policy_runs_end_to_end_and_matches_eager(fresh_dynamo):
 def test_the_cells_cover_every_class_at_sizes():
     classes = {cls for _, cls, _ in CELLS}
     assert classes == {"call", "linear", "conv", "attention", "elementwise", "norm",
-                       "reduction"}
+                       "reduction", "block"}
+    assert {name for name, cls, _ in CELLS if cls == "block"} == set(BLOCKS)
+    assert set(BLOCKS.values()) == set(KINDS)
     assert sum(cls == "linear" for _, cls, _ in CELLS) == 2
     assert sum(cls == "conv" for _, cls, _ in CELLS) == 2
 

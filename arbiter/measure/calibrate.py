@@ -2,12 +2,16 @@
 
 Per backend, small ATen graphs, one op class each, are compiled with the backend's own
 ``compile`` (the config's options; eager runs them in place) and timed: the minimum of a
-few samples of at least ``SAMPLE_S`` each (on a shared machine noise only adds). Weights
+few samples of at least ``SAMPLE_S`` each, one backend after the other (on a shared
+machine noise only adds; ``time_us`` says why not interleaved). Weights
 are constants of the graph, as a frozen model's are. ``CELLS`` lists them, most telling
 first: the per-call cost (a chain of 8 tiny ops), a small and a large linear layer (the
 small one says what a tiny graph's matmuls cost), the large sizes of the other classes,
-then a small convolution; the cells are taken in that order for every backend before the next
-cell, so a budget that runs out leaves every backend with the cells that decide most.
+then a small convolution, and last two whole blocks (``BLOCKS``: a transformer encoder
+layer, a ResNet bottleneck), whose time over their op-by-op prediction is the backend's
+factor for partitions of that kind (plan/predict.py). The cells are taken in that order for
+every backend before the next cell, so a budget that runs out leaves every backend with
+the cells that decide most.
 
 A cell a backend cannot take whole (its manifest, through the same partitioner as a
 plan) or fails to compile is recorded as refused: its class is priced by the static
@@ -19,13 +23,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.fx
 
 from ..plan.cost import node_work
+from ..ops import is_getitem
 from ..plan.partition import partition_graph
 from ..plan.predict import BackendCalibration, op_class
 
@@ -82,6 +87,48 @@ def _reduction():
     return ((lambda x: (torch.softmax(x, -1), x.sum(-1))), (torch.randn(12, 128, 128),))
 
 
+def _encoder_layer(seq: int = 128, d: int = 768, heads: int = 12):
+    """A post-norm transformer encoder layer (BERT's), written out in torch ops."""
+    def p(*shape):
+        return torch.randn(*shape) / shape[-1] ** 0.5
+    wqkv, bqkv, wo, bo = p(3 * d, d), p(3 * d), p(d, d), p(d)
+    w1, b1, w2, b2 = p(4 * d, d), p(4 * d), p(d, 4 * d), p(d)
+    g1, g2, z1, z2 = torch.ones(d), torch.ones(d), torch.zeros(d), torch.zeros(d)
+    F = torch.nn.functional
+
+    def f(x):
+        q, k, v = F.linear(x, wqkv, bqkv).split(d, -1)
+        q, k, v = (t.view(1, seq, heads, d // heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, seq, d)
+        x = F.layer_norm(x + F.linear(a, wo, bo), (d,), g1, z1)
+        h = F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+        return (F.layer_norm(x + h, (d,), g2, z2),)
+    return f, (torch.randn(1, seq, d),)
+
+
+def _bottleneck(c: int = 256, mid: int = 64, hw: int = 28):
+    """A ResNet bottleneck (1x1, 3x3, 1x1 convolutions, each with batch norm in
+    inference), as ResNet-50's layer 1 holds them."""
+    def conv(co, ci, k):
+        return torch.randn(co, ci, k, k) / (ci * k * k) ** 0.5
+    ws = (conv(mid, c, 1), conv(mid, mid, 3), conv(c, mid, 1))
+    stats = [(torch.randn(n).abs() + 0.5, torch.randn(n), torch.ones(n), torch.zeros(n))
+             for n in (mid, mid, c)]
+    F = torch.nn.functional
+
+    def f(x):
+        y = x
+        for i, (w, (var, mean, g, b)) in enumerate(zip(ws, stats)):
+            y = F.batch_norm(F.conv2d(y, w, padding=1 if i == 1 else 0), mean, var, g, b)
+            y = F.relu(y) if i < 2 else F.relu(y + x)
+        return (y,)
+    return f, (torch.randn(1, c, hw, hw),)
+
+
+#: Whole blocks (cell name -> kind of ``predict.KINDS``): timed after the op cells, their
+#: time over the op-by-op prediction is the backend's factor for the kind.
+BLOCKS = {"block: encoder layer 128x768": "matmul", "block: bottleneck 256ch 28x28": "conv"}
+
 #: (cell name, op class, builder of (function, inputs)), most telling first.
 CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("call", "call", lambda: (_chain, (torch.randn(8),))),
@@ -93,6 +140,8 @@ CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("layer_norm 128x768", "norm", _norm),
     ("softmax+sum 12x128x128", "reduction", _reduction),
     ("conv 16ch 28x28", "conv", lambda: _conv(16, 28)),
+    ("block: encoder layer 128x768", "block", _encoder_layer),
+    ("block: bottleneck 256ch 28x28", "block", _bottleneck),
 ]
 
 
@@ -105,6 +154,8 @@ class Measured:
     refused: dict[str, str]  # cell name -> why not measured
     seconds: float = 0.0  # spent measuring, compiles included
     load: Optional[float] = None  # load average per core when measuring began
+    # block cell name -> its graph's nodes as (op class, work, work is FLOPs)
+    nodes: dict[str, list] = field(default_factory=dict)
 
     def tried(self) -> set[str]:
         return set(self.times_us) | set(self.refused)
@@ -121,16 +172,25 @@ class Measured:
         call_us, node_us = (0.0, call / 8) if inline else (call, 0.0)
         cells: dict[str, list] = {}
         for name, cls, _ in CELLS:
-            if name == "call" or name not in self.times_us or not self.work.get(name):
+            if cls in ("call", "block") or name not in self.times_us or \
+                    not self.work.get(name):
                 continue
             us = self.times_us[name] - call_us  # the call's own cost is not the class's
             cells.setdefault(cls, []).append((self.work[name], max(us, 1e-3)))
-        return BackendCalibration(round(call_us, 3), round(node_us, 3),
-                                  {k: tuple(sorted(v)) for k, v in cells.items()})
+        ops = BackendCalibration(round(call_us, 3), round(node_us, 3),
+                                 {k: tuple(sorted(v)) for k, v in cells.items()})
+        factors = {}
+        for name, kind in BLOCKS.items():
+            parts = [ops.op_us(str(c), float(w), bool(f)) for c, w, f in self.nodes.get(name, [])]
+            if name in self.times_us and parts and None not in parts:
+                got = self.times_us[name] - call_us
+                factors[kind] = round(min(FACTOR_RANGE[1], max(FACTOR_RANGE[0],
+                                                               got / sum(parts))), 4)
+        return BackendCalibration(ops.call_us, ops.node_us, ops.cells, factors)
 
     def to_json(self) -> dict:
         return {"times_us": self.times_us, "work": self.work, "refused": self.refused,
-                "seconds": round(self.seconds, 2), "load": self.load}
+                "seconds": round(self.seconds, 2), "load": self.load, "nodes": self.nodes}
 
     @classmethod
     def from_json(cls, raw: Any) -> Optional["Measured"]:
@@ -141,9 +201,27 @@ class Measured:
                        {str(k): float(v) for k, v in raw.get("work", {}).items()},
                        {str(k): str(v) for k, v in raw.get("refused", {}).items()},
                        float(raw.get("seconds", 0.0)),
-                       None if raw.get("load") is None else float(raw["load"]))
+                       None if raw.get("load") is None else float(raw["load"]),
+                       {str(k): [[str(c), float(w), bool(f)] for c, w, f in v]
+                        for k, v in (raw.get("nodes") or {}).items() if k in BLOCKS})
         except (TypeError, ValueError, AttributeError):
             return None
+
+
+#: A block's factor is kept within this range (a wild one is a broken measurement).
+FACTOR_RANGE = (0.1, 10.0)
+
+
+def block_nodes(gm: torch.fx.GraphModule) -> list:
+    """A block cell's compute nodes as [op class, work, work is FLOPs] (what the op-by-op
+    prediction of the block needs, kept with its time)."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and not is_getitem(n):
+            cls = op_class(n)
+            flops, moved = node_work(n) if cls != "free" else (0.0, 0.0)
+            out.append([cls, flops if flops else moved, bool(flops)])
+    return out
 
 
 def cell_work(gm: torch.fx.GraphModule, cls: str) -> float:
@@ -183,22 +261,23 @@ def calls_per_sample(fn: Callable, args: tuple) -> int:
 
 
 def time_us(fns: dict[str, Callable], args: tuple) -> dict[str, float]:
-    """Microseconds per call of each of ``fns``: interleaved rounds (each round one sample
-    of each, so load falls on all alike; SAMPLES, then more up to MAX_SAMPLES while a
-    backend's two fastest differ by more than STABLE), the minimum kept (on a shared
-    machine noise only adds)."""
-    inner = {k: calls_per_sample(f, args) for k, f in fns.items()}
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for r in range(MAX_SAMPLES):
-        if r >= SAMPLES and all(_stable(xs) for xs in samples.values()):
-            break
-        for k, f in fns.items():
-            n = inner[k]
+    """Microseconds per call of each of ``fns``, one backend after the other: SAMPLES
+    samples, then more up to MAX_SAMPLES while its two fastest differ by more than STABLE;
+    the minimum kept (on a shared machine noise only adds). Not interleaved: a backend
+    whose thread pool was just left spinning by another's call ran its small cells up to
+    50x slower (eager's 16x256x256 linear: 4980 us interleaved with ONNX Runtime and
+    OpenVINO, 97 us on its own), which is not what a model on one backend sees."""
+    out = {}
+    for k, f in fns.items():
+        n = calls_per_sample(f, args)  # also its warm-up after the previous backend
+        samples: list[float] = []
+        while len(samples) < MAX_SAMPLES and (len(samples) < SAMPLES or not _stable(samples)):
             t0 = time.perf_counter()
             for _ in range(n):
                 f(*args)
-            samples[k].append((time.perf_counter() - t0) / n * 1e6)
-    return {k: min(xs) for k, xs in samples.items()}
+            samples.append((time.perf_counter() - t0) / n * 1e6)
+        out[k] = min(samples)
+    return out
 
 
 def _stable(xs: list[float]) -> bool:
@@ -241,7 +320,7 @@ class Calibrator:
             with torch.no_grad():
                 fn, args = build()
                 gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
-            work = cell_work(gm, cls) if cls != "call" else 0.0
+            work = cell_work(gm, cls) if cls not in ("call", "block") else 0.0
             fns: dict[str, Callable] = {}
             for b in todo:
                 if self._spent():
@@ -275,6 +354,8 @@ class Calibrator:
             spent = (time.perf_counter() - t0) / max(1, len(fns))
             for b, us in times.items():
                 out[b].times_us[name], out[b].work[name] = round(us, 3), work
+                if cls == "block":
+                    out[b].nodes[name] = block_nodes(gm)
                 out[b].seconds += spent
                 log.info("calibration: %s %s %.1f us", b, name, us)
             if self._spent():

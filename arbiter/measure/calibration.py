@@ -250,7 +250,8 @@ def forget() -> None:
 
 def backend_row(calib: Optional[BackendCalibration]) -> str:
     """One backend's calibration in a few words (``arbiter backends``): its per-call (or
-    per-node) cost and each class's rate at its largest calibrated size."""
+    per-node) cost, each class's rate at its largest calibrated size, and its factor for
+    whole blocks of each kind."""
     if calib is None:
         return "not calibrated"
     parts = [f"call {calib.call_us:.1f} us" if calib.call_us else
@@ -260,4 +261,5 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
         rate = w / us / 1e3  # work per us -> G per s
         unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
         parts.append(f"{cls} {rate:.3g} {unit}")
+    parts += [f"{kind} blocks x{f:.2f} of op by op" for kind, f in calib.factors.items()]
     return ", ".join(parts)
