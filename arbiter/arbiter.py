@@ -51,6 +51,7 @@ from .run.piece import Piece, PieceRecord
 from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
+from .run.resources import spin_follows
 from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,7 @@ class Arbiter:
         # one thread budget and arena per process, applied at the first graph (before any
         # compile): `spin: auto` depends on whether that graph trains (apply_resources)
         self._resources_applied = dry_run
+        self._spin_follows = False
 
     def _calibrations(self) -> Calibrations:
         """This machine's calibration (policy `calibrated`), read or measured when first
@@ -183,6 +185,9 @@ class Arbiter:
         backward graph), which ``spin: auto`` reads (docs/resources.md); call it first
         to use a backend's sessions before any compile."""
         self._resources_applied = True
+        # `spin: auto` follows each graph's plan (run/resources.spin_follows), unless the
+        # process's first graph trains (then no backend spins)
+        self._spin_follows = self.config.resources.spin == "auto" and not training
         settings = apply_resources(self.config.resources,
                                    [b for n, b in self.backends.items()
                                     if n not in self.unavailable],
@@ -290,6 +295,11 @@ class Arbiter:
         context = GraphContext(kind, symbolic=bool(syms), against_eager="off"
                                if self.dry_run else self.config.against_eager)
         choice = self.policy.decide(self.planner, gm, context)
+        if self._spin_follows and not self.dry_run:
+            spun = spin_follows(choice.plan, {**self.backends, **self.planner.variants},
+                                self.planner.inline)
+            if spun:
+                log.info("resources: spin auto: %s spins from now (most of this graph)", spun)
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)

@@ -210,7 +210,8 @@ class ResourcesOptions(BaseModel):
     spin: str = Field(
         "auto", description="the one backend whose idle threads may keep spinning after "
         "a run (lower latency for itself, stolen cores for the others); `none`: no "
-        "backend's; `auto`: the first of `backends:` (it takes the most nodes), or none "
+        "backend's; `auto`: the backend holding most of each graph's plan (from that "
+        "graph's compile on; the first of `backends:` before any), or none "
         "when the process's first compiled graph trains (grad on, an input requiring "
         "grad): eager work runs between the backends' calls in a training step and a "
         "spinning pool takes its cores (ResNet-18's step 131 ms against 74 ms, "

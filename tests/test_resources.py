@@ -112,6 +112,28 @@ def test_spin_auto_goes_to_the_first_backend():
     assert got["spinning"] == "1" and got["per_session_threads"] is True
 
 
+def test_spin_auto_follows_the_plan_not_the_config_order():
+    """`spin: auto` in inference: the backend holding most of a graph's plan gets the spin
+    (cpu_all lists OpenVINO first; policy `calibrated` may run a model on ONNX Runtime,
+    whose sessions then spin, as they do under the default config)."""
+    got = run_py("""
+        import json, torch, arbiter
+        cfg = {"backends": ["eager", "onnxruntime"], "fallback": ["eager"],
+               "policy": "priority", "pin": {"aten.addmm.default": "onnxruntime",
+                                              "aten.relu.default": "onnxruntime"},
+               "against_eager": "off", "min_block_size": 1, "resources": {"threads": 2}}
+        be = arbiter.Arbiter(cfg)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        with torch.no_grad():
+            torch.compile(m, backend=be)(torch.randn(2, 8))
+        ort = be.backends["onnxruntime"]
+        parts = [p.backend for g in be.report(advice=False).graphs for p in g.partitions]
+        print(json.dumps({"spin": ort.budget.spin, "spins": ort._spins(), "parts": parts}))
+    """)
+    assert "onnxruntime" in got["parts"], got  # (and a view left to eager)
+    assert got["spin"] == "onnxruntime" and got["spins"] is True, got
+
+
 def test_spin_owner_s_sessions_spin_in_their_own_pools_and_uncoordinated_ones_too():
     spin = sessions("{'threads': 2, 'spin': 'onnxruntime'}", 6)
     assert spin["spinning"] == "1" and spin["per_session_threads"] is True

@@ -109,6 +109,31 @@ def resolve(options: Any, first_backend: str = "none", training: bool = False) -
                   coordinate=options.coordinate)
 
 
+def spin_follows(plan: Any, backends: dict[str, Any], inline: set[str]) -> Optional[str]:
+    """``spin: auto`` once a graph's plan is chosen, in a process that does not train: the
+    backend holding most of the plan's nodes outside eager gets this config's spin
+    (``Backend.use_budget``; pieces read it when they compile, at their first call), so
+    that the backend doing the work is the one whose pool spins, whatever the config's
+    order (policy ``calibrated`` may choose its last backend: cpu_all lists OpenVINO first
+    and ran BERT-base on ONNX Runtime, whose non-spinning sessions were 0-12% slower in
+    inference, docs/resources.md). Returns the backend given the spin, or None when it
+    stays where it was."""
+    size: dict[str, int] = {}
+    for part in plan.partitions:
+        base = part.backend.split(":")[0]  # a lower-precision variant: its backend's
+        if part.backend not in inline and base in backends:
+            size[base] = size.get(base, 0) + part.size
+    if not size:
+        return None
+    owner = max(size, key=lambda b: size[b])
+    budgets = [b for b in backends.values() if getattr(b, "budget", None) is not None]
+    if all(b.budget.spin == owner for b in budgets):
+        return None
+    for b in budgets:
+        b.use_budget(replace(b.budget, spin=owner))
+    return owner
+
+
 def omp_wait_policy() -> str:
     """What torch's OpenMP threads do when idle; fixed when torch was imported."""
     value = os.environ.get("OMP_WAIT_POLICY")
