@@ -295,11 +295,7 @@ class Arbiter:
         context = GraphContext(kind, symbolic=bool(syms), against_eager="off"
                                if self.dry_run else self.config.against_eager)
         choice = self.policy.decide(self.planner, gm, context)
-        if self._spin_follows and not self.dry_run:
-            spun = spin_follows(choice.plan, {**self.backends, **self.planner.variants},
-                                self.planner.inline)
-            if spun:
-                log.info("resources: spin auto: %s spins from now (most of this graph)", spun)
+        self._follow_spin(choice.plan)
         plan_s = time.perf_counter() - start
         with self._lock:
             graph_id = len(self._graphs)
@@ -350,6 +346,7 @@ class Arbiter:
             and context.lowered_ok
         if timed is not None and (len(timed.candidates) > 1 or per_module):
             def install(p: Plan, r: dict[int, PieceRecord]) -> None:
+                self._follow_spin(p)
                 self._install(record, p, r)
                 # the placements not chosen: their pieces (compiled sessions) go with them
                 keep = set(map(id, r.values()))
@@ -357,13 +354,27 @@ class Arbiter:
                             if id(piece.record) not in keep]:
                     del pieces[key]
 
-            graph = GraphToMeasure(gm, constants, record, label, lambda c: build(c.plan),
-                                   install)
+            def build_timed(c: Any) -> tuple[Callable, dict[int, PieceRecord]]:
+                # a timed candidate's pieces compile right after (measure/timing.py),
+                # with the spin for the backend holding most of it: each timed as it runs
+                self._follow_spin(c.plan)
+                return build(c.plan)
+
+            graph = GraphToMeasure(gm, constants, record, label, build_timed, install)
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
                                accuracy=acc, per_module=per_module)
         if constants and not self.dry_run and guard:
             return self._guarded(fn, gm, constants, record, label)
         return fn
+
+    def _follow_spin(self, plan: Plan) -> None:
+        """`spin: auto` (inference): the backend holding most of ``plan`` gets this
+        config's spin for the pieces compiled from now (run/resources.spin_follows)."""
+        if self._spin_follows and not self.dry_run:
+            spun = spin_follows(plan, {**self.backends, **self.planner.variants},
+                                self.planner.inline)
+            if spun:
+                log.info("resources: spin auto: %s's pools spin from now", spun)
 
     def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
                  record: GraphRecord, label: str) -> Callable:
