@@ -128,10 +128,12 @@ def test_spin_auto_follows_the_plan_not_the_config_order():
             torch.compile(m, backend=be)(torch.randn(2, 8))
         ort = be.backends["onnxruntime"]
         parts = [p.backend for g in be.report(advice=False).graphs for p in g.partitions]
-        print(json.dumps({"spin": ort.budget.spin, "spins": ort._spins(), "parts": parts}))
+        print(json.dumps({"spin": ort.budget.spin, "spins": ort._spins(), "parts": parts,
+                          "report": be.report(advice=False).resources["budget"]["spin"]}))
     """)
     assert "onnxruntime" in got["parts"], got  # (and a view left to eager)
     assert got["spin"] == "onnxruntime" and got["spins"] is True, got
+    assert got["report"] == "onnxruntime"  # the report says this config's spin
 
 
 def test_spin_owner_s_sessions_spin_in_their_own_pools_and_uncoordinated_ones_too():

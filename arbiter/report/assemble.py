@@ -55,7 +55,7 @@ def assemble(config: Config, planner: Planner, plans_only: Mapping[str, str],
                   graphs=reports,
                   kinds=kind_reports(reports, {n for n, b in every.items() if b.inline_aten}),
                   distributed=distributed_report(reports),
-                  resources={} if dry_run else resources_in_force())
+                  resources={} if dry_run else resources_in_force(planner.backends.values()))
 
 
 def backend_statuses(planner: Planner, plans_only: Mapping[str, str]

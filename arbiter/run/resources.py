@@ -198,9 +198,13 @@ def apply(options: Any, backends: Iterable[Any], first_backend: str = "none",
         return in_force()
 
 
-def in_force() -> dict[str, Any]:
-    """The settings in force in this process (a copy), for the report."""
+def in_force(backends: Iterable[Any] = ()) -> dict[str, Any]:
+    """The settings in force in this process (a copy), for the report; with a config's
+    ``backends``, the budget's ``spin`` is that config's own (``spin_follows``)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in _in_force.items()}
+    spins = {b.budget.spin for b in backends if getattr(b, "budget", None) is not None}
+    if "budget" in out and len(spins) == 1:
+        out["budget"]["spin"] = spins.pop()
     if "torch" in out:
         import torch
 
