@@ -175,3 +175,66 @@ class Runner:
         if self._record is not None:
             self._record.copies += 1
         return t.contiguous()
+
+
+#: Ops an output may pass through that leave its value as it is: a partition returning
+#: ``x`` and ``detach(x)`` (what AOTAutograd's training forwards do for a value both
+#: returned and saved for the backward) returns one value twice once exported.
+_SAME_VALUE = ("detach", "alias")
+
+
+class DistinctOutputs:
+    """A partition's callable compiled from a copy returning each value once (see
+    ``distinct_outputs``), giving every original output back: repeated values as the
+    same tensor, ``detach``/``alias`` outputs by applying them to it (a view, as in
+    eager)."""
+
+    def __init__(self, fn, where: list[tuple[int, tuple]]):
+        self.fn = fn
+        self.where = where
+
+    def __call__(self, *args):
+        outs = self.fn(*args)
+        got = []
+        for k, ops in self.where:
+            v = outs[k]
+            for op in ops:
+                v = op(v)
+            got.append(v)
+        return got
+
+
+def distinct_outputs(gm: torch.fx.GraphModule, compile_fn):
+    """``compile_fn(gm)``, or, when ``gm`` returns one value more than once (directly or
+    through ``detach``/``alias``), ``compile_fn`` of a copy returning each value once,
+    wrapped in ``DistinctOutputs``. OpenVINO's frontend cannot convert a graph that
+    returns a value twice ("Check 'is_number(name)' failed"): every training forward of
+    a model ending in an activation fell back to eager whole (the --grad probe's most
+    common failure, 2026-11-26)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    if not isinstance(out.args[0], (tuple, list)):
+        return compile_fn(gm)
+    bases, where = [], []
+    for a in out.args[0]:
+        ops = []
+        while isinstance(a, torch.fx.Node) and a.op == "call_function" and \
+                getattr(getattr(a.target, "_schema", None), "name", "").split("::")[-1] \
+                in _SAME_VALUE and len(a.args) == 1:
+            ops.append(a.target)
+            a = a.args[0]
+        if a in bases:
+            k = bases.index(a)
+        else:
+            k = len(bases)
+            bases.append(a)
+        where.append((k, tuple(reversed(ops))))
+    if len(bases) == len(where) and not any(ops for _, ops in where):
+        return compile_fn(gm)
+    graph = torch.fx.Graph()
+    env: dict = {}
+    graph.output(graph.graph_copy(gm.graph, env))  # the copy returns the original outputs
+    new_out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    new_out.args = ([env[b] if isinstance(b, torch.fx.Node) else b for b in bases],)
+    graph.eliminate_dead_code()
+    copy = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    return DistinctOutputs(compile_fn(copy), where)

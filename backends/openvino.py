@@ -36,7 +36,8 @@ from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, register_backend, thread_option
 from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
 
-from ._export import Runner, check_inputs, export_program, outputs_of, quiet
+from ._export import (Runner, check_inputs, distinct_outputs, export_program, outputs_of,
+                      quiet)
 from ._nonfinite import ExactNonfinite
 from ._openvino_checks import VALIDATORS
 
@@ -225,8 +226,10 @@ class OpenVino(ExactNonfinite, Backend):
         return f"openvino {openvino.__version__}"
 
     def compile(self, gm: torch.fx.GraphModule, example_inputs):
-        # under exact_nonfinite guard, NaN made inside the partition is checked too
-        return self.with_taps(gm, lambda g: self._compile(g, example_inputs))
+        # under exact_nonfinite guard, NaN made inside the partition is checked too; a
+        # value returned twice (x and detach(x): training forwards) is returned once
+        return self.with_taps(gm, lambda g: distinct_outputs(
+            g, lambda h: self._compile(h, example_inputs)))
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs):
         import openvino as ov

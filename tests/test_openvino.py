@@ -3,6 +3,7 @@ zero-copy inputs and outputs, per-thread requests, its cache dir, and fallbacks 
 partitions OpenVINO cannot convert."""
 from __future__ import annotations
 
+import copy
 import threading
 import types
 
@@ -173,6 +174,37 @@ def test_output_that_is_an_input_is_returned_right():
     torch.testing.assert_close(a, x, rtol=0, atol=0)
     torch.testing.assert_close(b, x * 2)
     assert a.data_ptr() != x.data_ptr()  # a copy: callers may mutate it
+
+
+def test_a_value_returned_twice_converts_and_each_output_is_right():
+    """OpenVINO's frontend cannot convert a graph returning one value twice; training
+    forwards return x and detach(x) (returned and saved for the backward), and fell
+    back to eager whole. Each value is returned once and given back in every place."""
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    gm = make_fx(lambda t, w: (lambda y, z: (y, torch.ops.aten.detach.default(y), z, z))(
+        torch.tanh(t @ w), t * 2))(x, w)
+    runner = OpenVino(OvOptions()).compile(gm, [x, w])
+    a, b, c, d = runner(x, w)
+    torch.testing.assert_close(a, torch.tanh(x @ w), **TOL)
+    assert b.data_ptr() == a.data_ptr() and c is d  # as in eager: one value
+    torch.testing.assert_close(c, x * 2, **TOL)
+
+
+def test_a_training_forward_runs_on_openvino_with_eager_gradients():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sigmoid(),
+                            torch.nn.Linear(8, 8), torch.nn.Tanh())
+    ref = copy.deepcopy(m)
+    x = torch.randn(4, 8)
+    be = arbiter.Arbiter({"backends": [{"name": "openvino", "options": {"precision": "f32"}}],
+                          "fallback": ["eager"], "against_eager": "off", "min_block_size": 1})
+    torch.compile(m, backend=be)(x).pow(2).sum().backward()
+    torch._dynamo.reset()
+    ref(x).pow(2).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    (fwd,) = [g for g in be.report().graphs if g.kind == "forward"]
+    assert [(p.backend, p.fallbacks) for p in fwd.partitions] == [("openvino", [])]
 
 
 def test_full_variance_is_refused_and_runs_right():
