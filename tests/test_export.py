@@ -258,6 +258,48 @@ def test_tampered_and_truncated_files_are_refused(saved, tmp_path):
         arbiter.load(tmp_path / "junk.arbiter")
 
 
+def test_artifact_and_zip_layout_are_checked(saved, tmp_path):
+    """The artifacts, read in a thread while the ATen program is read, are refused on a
+    hash mismatch all the same; a stored member whose directory entry points at another
+    member's header, or that is longer than the manifest says, is refused; a member that
+    is compressed (not what save writes) is read through zipfile and loads."""
+    src = saved["onnxruntime"]
+
+    def flip(name: str, b: bytes) -> bytes:
+        return bytes(b[:-5]) + bytes([b[-5] ^ 1]) + b[-4:] if name.endswith("model.onnx") else b
+    _rewrite(src, tmp_path / "onnx.arbiter", flip)
+    with pytest.raises(ArbiterError, match="model.onnx does not match its sha256"):
+        arbiter.load(tmp_path / "onnx.arbiter")
+
+    _rewrite(src, tmp_path / "long.arbiter",
+             lambda n, b: b + b"x" if n == "weights.safetensors" else b)
+    with pytest.raises(ArbiterError, match="weights.safetensors has .* bytes, manifest.json "
+                                           "says .* \\(truncated or altered\\)"):
+        arbiter.load(tmp_path / "long.arbiter")
+
+    blob = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        onnx = z.getinfo("partitions/0/model.onnx")
+        name = onnx.filename.encode()
+    at = onnx.header_offset
+    assert blob[at + 30: at + 30 + len(name)] == name
+    blob[at + 30] ^= 0x20  # the local header's name no longer the directory's
+    (tmp_path / "header.arbiter").write_bytes(bytes(blob))
+    with pytest.raises(ArbiterError, match="model.onnx cannot be read: truncated or altered"):
+        arbiter.load(tmp_path / "header.arbiter")
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp_path / "deflated.arbiter", "w",
+                                                      zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    model, args = mlp()
+    loaded = arbiter.load(tmp_path / "deflated.arbiter")
+    assert loaded.report().deployed.partitions[0].loaded == "saved artifact"
+    with torch.no_grad():
+        x = torch.cat([args[0]] * 3)
+        assert torch.allclose(loaded(x), model(x), atol=1e-5)
+
+
 @pytest.mark.parametrize("what", ["target", "expr"])
 def test_code_in_the_program_is_refused(saved, tmp_path, what):
     """The program's JSON cannot make torch's deserializer resolve or evaluate code: a

@@ -1,10 +1,11 @@
 """``arbiter.load``: a saved program (saving.py) made callable again.
 
 The file is opened and checked (archive.py: format version, sizes, hashes), the ATen
-program read as data (safe_program.py), the plan rebuilt from the saved node names, and
-each compiled partition becomes a ``run.piece.Piece`` whose chain starts with its saved
-artifact (``Backend.load_artifact``, done here, not at the first call) and goes on down
-the saved chain: the same backend compiled again from ATen, the next ones, eager ATen. A
+program read as data (safe_program.py) while a thread reads and checks the partitions'
+saved artifacts (each used only once its size and hash matched), the plan rebuilt from
+the saved node names, and each compiled partition becomes a ``run.piece.Piece`` whose
+chain starts with its saved artifact (``Backend.load_artifact``, done here, not at the
+first call) and goes on down the saved chain: the same backend compiled again from ATen, the next ones, eager ATen. A
 backend missing at load, an artifact that fails to load, or native code not allowed
 (``native_code``) moves the partition down that chain, recorded as a fallback at stage
 ``load``. A backend whose version differs from the saved one gets its first call checked
@@ -140,41 +141,68 @@ class Loader:
             self.saved_versions.get("torch") != self.versions.get("torch")
 
     def program(self) -> tuple[Program, Callable[[Optional[str]], Program]]:
+        from concurrent.futures import ThreadPoolExecutor
+
         ar = self.archive
-        weights = _tensors(ar.read("weights.safetensors"), f"{self.path}: weights.safetensors")
-        ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
-        self.graph = aten_graph(ep)
-        by_name = _match_nodes(self.graph.gm, self.parts, self.path)
-        partitions = []
-        for p in self.parts:
-            try:
-                nodes = [by_name[n] for n in p["nodes"]]
-            except KeyError as exc:
-                raise ArbiterError(f"{self.path}: partition {p.get('id')} names node {exc}, "
-                                   "which the saved program does not have") from None
-            partitions.append(Partition(int(p["id"]), str(p["ran"] or p["planned"]), nodes))
-        self.plan = Plan(self.graph.gm, partitions, support={})
-        self.subs = {p["id"]: extract(self.plan, part, self.graph.constants)
-                     for p, part in zip(self.parts, partitions) if not p["inline"]}
-        self.loaded = {pid: self._artifact(p) for p in self.parts
-                       if not p["inline"] for pid in [p["id"]]}
+        # the saved artifacts are read and checked in a thread while this one reads the
+        # ATen program (both mostly outside the GIL: file reads, sha256; see the module)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="arbiter-load")
+        try:
+            files = {p["id"]: pool.submit(self._files, p) for p in self.parts
+                     if not p["inline"] and self._refused(p) is None}
+            weights = _tensors(ar.read("weights.safetensors"),
+                               f"{self.path}: weights.safetensors")
+            ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
+            self.graph = aten_graph(ep)
+            by_name = _match_nodes(self.graph.gm, self.parts, self.path)
+            partitions = []
+            for p in self.parts:
+                try:
+                    nodes = [by_name[n] for n in p["nodes"]]
+                except KeyError as exc:
+                    raise ArbiterError(f"{self.path}: partition {p.get('id')} names node "
+                                       f"{exc}, which the saved program does not have") from None
+                partitions.append(Partition(int(p["id"]), str(p["ran"] or p["planned"]), nodes))
+            self.plan = Plan(self.graph.gm, partitions, support={})
+            self.subs = {p["id"]: extract(self.plan, part, self.graph.constants)
+                         for p, part in zip(self.parts, partitions) if not p["inline"]}
+            self.loaded = {p["id"]: self._artifact(p, files.get(p["id"]))
+                           for p in self.parts if not p["inline"]}
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         return self.build(None)
 
-    def _artifact(self, p: dict) -> tuple[Optional[Preloaded], str]:
-        """(the saved artifact loaded, or None; why not)."""
+    def _refused(self, p: dict) -> Optional[str]:
+        """Why partition ``p``'s saved artifact is not loaded here, or None."""
         art = p.get("artifact")
         if not art:
-            return None, p.get("not_saved", "no saved artifact")
+            return p.get("not_saved", "no saved artifact")
         name = str(art["backend"])
-        base, _, label = name.partition(":")
-        backend = self.backends.get(base)
-        if backend is None:
-            return None, f"{base} is not available here ({self.missing.get(base, 'not in the config')})"
+        base = name.partition(":")[0]
+        if base not in self.backends:
+            return f"{base} is not available here ({self.missing.get(base, 'not in the config')})"
         entry = dict(art.get("entry") or {})
         if entry.get("native_code") and not self.native_code:
-            return None, (f"its {entry.get('format', name)} artifact is native code (a shared "
-                          "library), loaded only with arbiter.load(..., native_code=True)")
-        files = {k: self.archive.read(v) for k, v in dict(art["files"]).items()}
+            return (f"its {entry.get('format', name)} artifact is native code (a shared "
+                    "library), loaded only with arbiter.load(..., native_code=True)")
+        return None
+
+    def _files(self, p: dict) -> dict[str, bytes]:
+        """Partition ``p``'s artifact files, each checked (archive.py)."""
+        return {k: self.archive.read(v) for k, v in dict(p["artifact"]["files"]).items()}
+
+    def _artifact(self, p: dict, files: Any) -> tuple[Optional[Preloaded], str]:
+        """(the saved artifact loaded, or None; why not); ``files``: the future of its
+        files (``_files``), None when ``_refused`` says why."""
+        why = self._refused(p)
+        if why is not None or files is None:
+            return None, why or "not read"
+        art = p["artifact"]
+        name = str(art["backend"])
+        base, _, label = name.partition(":")
+        backend = self.backends[base]
+        entry = dict(art.get("entry") or {})
+        files = files.result()  # a file refused (size, hash) raises here
         gm = self.subs[p["id"]].gm
         try:
             fn = backend.load_artifact(entry, files, gm)
@@ -293,15 +321,18 @@ def _match_nodes(gm: torch.fx.GraphModule, parts: list[dict], path: str) -> dict
     import operator
 
     saved = {n for p in parts for n in p["nodes"]}
+    erased = False
     for n in reversed(list(gm.graph.nodes)):
         if n.op == "call_function" and n.name not in saved and not n.users and \
                 n.target is operator.getitem:
             gm.graph.erase_node(n)
+            erased = True
     stray = [n.name for n in gm.graph.nodes if n.op == "call_function" and n.name not in saved]
     if stray:
         raise ArbiterError(f"{path}: the saved plan does not cover nodes "
                            f"{', '.join(stray[:5])} of the saved program")
-    gm.recompile()
+    if erased:
+        gm.recompile()
     return {n.name: n for n in gm.graph.nodes}
 
 

@@ -1,16 +1,20 @@
 """torch's serialized ExportedProgram (JSON) into its schema dataclasses, as
-``torch._export.serde.serialize._dict_to_dataclass`` does, with each class's type hints
-computed once instead of once per object: torch's helper calls ``typing.get_type_hints``
-for every node, argument and tensor meta, 13 of the 20 s that reading BERT-base's
-program took here (bench/README.md). Same rules, same result (tests/test_export.py
-compares them); a structure they do not fit raises ValueError."""
+``torch._export.serde.serialize._dict_to_dataclass`` does, faster: torch's helper calls
+``typing.get_type_hints`` for every node, argument and tensor meta (13 of the 20 s that
+reading BERT-base's program took here, bench/README.md) and inspects each type again for
+every value. Here each schema type is inspected once and becomes a converter (a closure,
+cached per type); a value only runs its type's converter. Same rules, same result
+(tests/test_export.py compares them); a structure they do not fit raises ValueError."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any
+
+Converter = Callable[[Any], Any]
 
 
 @functools.lru_cache(maxsize=None)
@@ -20,12 +24,14 @@ def _hints(cls: type) -> dict:
     return typing.get_type_hints(cls, globalns=vars(schema))
 
 
-@functools.lru_cache(maxsize=None)
-def _fields(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
 def to_dataclass(cls: Any, data: Any) -> Any:
+    return _converter(cls)(data)
+
+
+@functools.lru_cache(maxsize=None)
+def _converter(cls: Any) -> Converter:
+    """The converter of values of type ``cls`` (see the module). Converters of a type's
+    parts are looked up at its first value, so recursive schema types are fine."""
     from torch._export.serde.serialize import _resolve_schema_cls
     from torch._export.serde.union import _Union
 
@@ -34,37 +40,73 @@ def to_dataclass(cls: Any, data: Any) -> Any:
         raise ValueError(f"unresolved schema type {cls!r}")
     origin = typing.get_origin(cls)
     if origin is Annotated:
-        return to_dataclass(cls.__origin__, data)
+        return _converter(cls.__origin__)
     if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(cls):
+        return _optional(cls)
+    if isinstance(cls, type) and issubclass(cls, _Union):
+        return _union(cls)
+    if dataclasses.is_dataclass(cls):
+        return _dataclass(cls)
+    return _plain(cls)
+
+
+def _optional(cls: Any) -> Converter:
+    args = typing.get_args(cls)
+
+    def convert(data: Any) -> Any:
         if data is None:
             return None
-        args = typing.get_args(cls)
         if len(args) != 2:
             raise ValueError(f"expected an optional of one type, got {cls}")
-        return to_dataclass(args[0], data)
-    if isinstance(cls, type) and issubclass(cls, _Union):
+        return _converter(args[0])(data)
+    return convert
+
+
+def _union(cls: Any) -> Converter:
+    members: dict[str, Converter] = {}
+
+    def convert(data: Any) -> Any:
         if not isinstance(data, dict) or len(data) != 1:
             raise ValueError(f"{cls.__name__}: expected one key, got {data!r:.100}")
         (tag, value), = data.items()
-        hints = _hints(cls)
-        if tag not in hints:
-            raise ValueError(f"{cls.__name__} has no member {tag!r}")
-        return cls.create(**{tag: to_dataclass(hints[tag], value)})
-    if dataclasses.is_dataclass(cls):
+        conv = members.get(tag)
+        if conv is None:
+            hints = _hints(cls)
+            if tag not in hints:
+                raise ValueError(f"{cls.__name__} has no member {tag!r}")
+            conv = members[tag] = _converter(hints[tag])
+        return cls.create(**{tag: conv(value)})
+    return convert
+
+
+def _dataclass(cls: Any) -> Converter:
+    fields: list[tuple[str, Converter]] = []
+
+    def convert(data: Any) -> Any:
         if not isinstance(data, dict):
             raise ValueError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-        hints = _hints(cls)
-        return cls(**{name: to_dataclass(hints[name], data[name])
-                      for name in _fields(cls) if name in data})
-    if isinstance(data, list):
-        if not data:
-            return data
-        (item,) = typing.get_args(cls)[:1] or (Any,)
-        return [to_dataclass(item, d) for d in data]
-    if isinstance(data, dict):
-        args = typing.get_args(cls)
-        value = args[1] if len(args) > 1 else Any
-        return {k: to_dataclass(value, v) for k, v in data.items()}
-    if cls is float:
-        return float(data)
-    return data
+        if not fields:
+            hints = _hints(cls)
+            fields.extend((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls))
+        return cls(**{name: conv(data[name]) for name, conv in fields if name in data})
+    return convert
+
+
+def _plain(cls: Any) -> Converter:
+    """Lists, dicts and scalars: which one is the value's, as in torch's helper."""
+    args = typing.get_args(cls)
+    is_float = cls is float
+
+    def convert(data: Any) -> Any:
+        if isinstance(data, list):
+            if not data:
+                return data
+            item = _converter((args[:1] or (Any,))[0])
+            return [item(d) for d in data]
+        if isinstance(data, dict):
+            value = _converter(args[1] if len(args) > 1 else Any)
+            return {k: value(v) for k, v in data.items()}
+        if is_float:
+            return float(data)
+        return data
+    return convert
