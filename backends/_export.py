@@ -180,7 +180,7 @@ class Runner:
 #: Ops an output may pass through that leave its value as it is: a partition returning
 #: ``x`` and ``detach(x)`` (what AOTAutograd's training forwards do for a value both
 #: returned and saved for the backward) returns one value twice once exported.
-_SAME_VALUE = ("detach", "alias")
+_SAME_VALUE = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 
 
 class DistinctOutputs:
@@ -218,8 +218,7 @@ def distinct_outputs(gm: torch.fx.GraphModule, compile_fn):
     for a in out.args[0]:
         ops = []
         while isinstance(a, torch.fx.Node) and a.op == "call_function" and \
-                getattr(getattr(a.target, "_schema", None), "name", "").split("::")[-1] \
-                in _SAME_VALUE and len(a.args) == 1:
+                a.target in _SAME_VALUE:
             ops.append(a.target)
             a = a.args[0]
         if a in bases:
@@ -232,9 +231,8 @@ def distinct_outputs(gm: torch.fx.GraphModule, compile_fn):
         return compile_fn(gm)
     graph = torch.fx.Graph()
     env: dict = {}
-    graph.output(graph.graph_copy(gm.graph, env))  # the copy returns the original outputs
-    new_out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    new_out.args = ([env[b] if isinstance(b, torch.fx.Node) else b for b in bases],)
+    graph.graph_copy(gm.graph, env)  # every node but the output
+    graph.output([env[b] if isinstance(b, torch.fx.Node) else b for b in bases])
     graph.eliminate_dead_code()
     copy = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     return DistinctOutputs(compile_fn(copy), where)

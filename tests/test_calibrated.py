@@ -19,7 +19,7 @@ from arbiter.measure import calibration as calmod
 from arbiter.measure.calibrate import BLOCKS, CELLS, Measured, block_nodes
 from arbiter.plan.policy import CLOSE_MARGIN, GraphContext, get_policy
 from arbiter.plan.predict import (FACTOR_MIN_NODES, KINDS, BackendCalibration, block_kind,
-                                  node_us, op_class, predict)
+                                  node_us, op_class, op_work, predict)
 from arbiter.plan.cost import load_table
 
 from conftest import trace
@@ -198,7 +198,7 @@ def test_a_block_factor_prices_large_partitions_and_leaves_small_ones(make_backe
                  for n in big.partitions[0].nodes) / 1e3
     # not a convolution: the matmul kind's factor, on the ops' time (not the call's or
     # the crossings')
-    assert block_kind(big.partitions[0].nodes) == "matmul"
+    assert block_kind([op_work(n) for n in big.partitions[0].nodes]) == "matmul"
     assert predict(big, set(), {"fuser": plain}).ms - predict(big, set(), {"fuser": fused}).ms \
         == pytest.approx(0.75 * ops_ms, rel=1e-3)
     small = only_fuser(_chain_of(FACTOR_MIN_NODES - 2))
@@ -237,7 +237,8 @@ def test_block_kind_follows_the_flops():
     conv = trace(lambda x, w: torch.relu(torch.nn.functional.conv2d(x, w)) + 1,
                  torch.randn(1, 8, 16, 16), torch.randn(8, 8, 3, 3))
     mm = trace(lambda x, w: torch.relu(x @ w) + 1, torch.randn(8, 8), torch.randn(8, 8))
-    nodes = lambda gm: [n for n in gm.graph.nodes if n.op == "call_function"]  # noqa: E731
+    nodes = lambda gm: [op_work(n) for n in gm.graph.nodes  # noqa: E731
+                        if n.op == "call_function"]
     assert block_kind(nodes(conv)) == "conv" and block_kind(nodes(mm)) == "matmul"
 
 

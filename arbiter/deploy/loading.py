@@ -194,9 +194,8 @@ class Loader:
     def _artifact(self, p: dict, files: Any) -> tuple[Optional[Preloaded], str]:
         """(the saved artifact loaded, or None; why not); ``files``: the future of its
         files (``_files``), None when ``_refused`` says why."""
-        why = self._refused(p)
-        if why is not None or files is None:
-            return None, why or "not read"
+        if files is None:  # refused before its files were read
+            return None, self._refused(p) or "not read"
         art = p["artifact"]
         name = str(art["backend"])
         base, _, label = name.partition(":")

@@ -23,16 +23,15 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
 import torch.fx
 
-from ..plan.cost import node_work
 from ..ops import is_getitem
 from ..plan.partition import partition_graph
-from ..plan.predict import BackendCalibration, op_class
+from ..plan.predict import BackendCalibration, op_work
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +185,7 @@ class Measured:
                 got = self.times_us[name] - call_us
                 factors[kind] = round(min(FACTOR_RANGE[1], max(FACTOR_RANGE[0],
                                                                got / sum(parts))), 4)
-        return BackendCalibration(ops.call_us, ops.node_us, ops.cells, factors)
+        return replace(ops, factors=factors)
 
     def to_json(self) -> dict:
         return {"times_us": self.times_us, "work": self.work, "refused": self.refused,
@@ -215,23 +214,15 @@ FACTOR_RANGE = (0.1, 10.0)
 def block_nodes(gm: torch.fx.GraphModule) -> list:
     """A block cell's compute nodes as [op class, work, work is FLOPs] (what the op-by-op
     prediction of the block needs, kept with its time)."""
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and not is_getitem(n):
-            cls = op_class(n)
-            flops, moved = node_work(n) if cls != "free" else (0.0, 0.0)
-            out.append([cls, flops if flops else moved, bool(flops)])
-    return out
+    works = (op_work(n) for n in gm.graph.nodes
+             if n.op == "call_function" and not is_getitem(n))
+    return [[cls, flops if flops else moved, bool(flops)] for cls, flops, moved in works]
 
 
 def cell_work(gm: torch.fx.GraphModule, cls: str) -> float:
     """The work of the class's nodes in a cell's graph (FLOPs, else bytes moved)."""
-    total = 0.0
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and op_class(n) == cls:
-            flops, moved = node_work(n)
-            total += flops if flops else moved
-    return total
+    works = (op_work(n) for n in gm.graph.nodes if n.op == "call_function")
+    return sum((flops if flops else moved for c, flops, moved in works if c == cls), 0.0)
 
 
 #: A calibration begun above this load average per core is said to be noisy.

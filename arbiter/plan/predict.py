@@ -32,8 +32,8 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..ops import is_getitem
-from .cost import BackendCost, CostTable, load_table, node_work
+from ..ops import is_getitem, op_name, packet_name
+from .cost import CostTable, load_table, node_work
 from .partition import Plan
 
 #: Op classes the calibration measures, and the ATen packets (``aten.<name>``) of each;
@@ -149,9 +149,9 @@ class BackendCalibration:
 def op_class(node: torch.fx.Node) -> str:
     """The calibration class of an ATen node: one of ``CLASSES``, ``free`` or
     ``elementwise``."""
-    target = node.target
-    name = getattr(getattr(target, "_schema", None), "name", "") or str(target)
-    packet = name.split("::")[-1].split(".")[0]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return "elementwise"
+    packet = packet_name(op_name(node.target)).partition(".")[2]  # aten.mm.default -> mm
     if packet in FREE:
         return "free"
     for cls, packets in CLASSES.items():
@@ -160,42 +160,42 @@ def op_class(node: torch.fx.Node) -> str:
     return "elementwise"
 
 
+def op_work(node: torch.fx.Node) -> tuple[str, float, float]:
+    """(op class, FLOPs, bytes moved) of an ATen node; a ``free`` op does no work."""
+    cls = op_class(node)
+    return (cls, *node_work(node)) if cls != "free" else (cls, 0.0, 0.0)
+
+
 @dataclass
 class Prediction:
     ms: float
     uncalibrated: set[str] = field(default_factory=set)  # backends priced by the static table
 
 
-def _static_us(node: torch.fx.Node, cls: str, row: BackendCost) -> float:
-    flops, moved = node_work(node)
-    if cls == "free":
-        return row.node_us
-    return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3)
-
-
 def node_us(node: torch.fx.Node, backend: str, calib: Optional[BackendCalibration],
             table: CostTable) -> tuple[float, bool]:
     """(microseconds, calibrated) of one node on ``backend``."""
-    cls = op_class(node)
-    if calib is None:
-        return _static_us(node, cls, table.of(backend)), False
-    flops, moved = node_work(node) if cls != "free" else (0.0, 0.0)
-    us = calib.op_us(cls, flops if flops else moved, bool(flops))
-    if us is None:
-        return _static_us(node, cls, table.of(backend)), False
-    return us, True
+    return _priced(op_work(node), backend, calib, table)
 
 
-def block_kind(nodes: list[torch.fx.Node]) -> str:
-    """``conv`` when convolutions hold at least half of the nodes' FLOPs, else
-    ``matmul`` (see ``KINDS``)."""
-    conv = total = 0.0
-    for n in nodes:
-        if n.op != "call_function" or is_getitem(n):
-            continue
-        flops = node_work(n)[0]
-        total += flops
-        conv += flops if op_class(n) == "conv" else 0.0
+def _priced(work: tuple[str, float, float], backend: str,
+            calib: Optional[BackendCalibration], table: CostTable) -> tuple[float, bool]:
+    """(microseconds, calibrated) of a node of ``op_work`` ``work``: by the calibration,
+    else by the static table."""
+    cls, flops, moved = work
+    if calib is not None:
+        us = calib.op_us(cls, flops if flops else moved, bool(flops))
+        if us is not None:
+            return us, True
+    row = table.of(backend)
+    return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3), False
+
+
+def block_kind(works: list[tuple[str, float, float]]) -> str:
+    """``conv`` when convolutions hold at least half of the FLOPs of ``works`` (nodes'
+    ``op_work``), else ``matmul`` (see ``KINDS``)."""
+    total = sum(flops for _, flops, _ in works)
+    conv = sum(flops for cls, flops, _ in works if cls == "conv")
     return "conv" if total and conv >= total / 2 else "matmul"
 
 
@@ -210,17 +210,16 @@ def predict(plan: Plan, inline: set[str], calibration: dict[str, BackendCalibrat
         base = part.backend.split(":")[0]  # a lower-precision variant: its backend's
         calib = calibration.get(part.backend) or calibration.get(base)
         members = set(part.nodes)
-        part_us, compute = 0.0, 0
-        for n in part.nodes:
-            if is_getitem(n):
-                continue
-            us, known = node_us(n, part.backend, calib, table)
+        works = [op_work(n) for n in part.nodes if not is_getitem(n)]
+        part_us = 0.0
+        for w in works:
+            us, known = _priced(w, part.backend, calib, table)
             part_us += us
-            compute += op_class(n) != "free"
             if not known:
                 out.uncalibrated.add(part.backend)
+        compute = sum(cls != "free" for cls, _, _ in works)
         if calib is not None and calib.factors and compute >= FACTOR_MIN_NODES:
-            part_us *= calib.factors.get(block_kind(part.nodes), 1.0)
+            part_us *= calib.factors.get(block_kind(works), 1.0)
         total += part_us
         if part.backend in inline:
             continue
