@@ -185,7 +185,12 @@ class Backend:
         dict ``load_artifact`` reads back (with ``"native_code": True`` when loading it
         runs code from the file: a shared library), ``files`` name -> bytes. None: this
         compiled form cannot be saved; the partition is then saved as ATen only and
-        compiled again at load. Default: None."""
+        compiled again at load. Default: None.
+
+        A backend may take a keyword argument ``shared`` here and in ``load_artifact``
+        (arbiter/deploy/shared.py): ``shared.find(tensor)`` is the key of a program weight
+        with exactly that tensor's bytes (or None), which the entry can name instead of
+        saving the data; ``shared.get(key)`` gives it back at load."""
         return None
 
     def loadable(self) -> tuple[bool, str]:

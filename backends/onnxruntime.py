@@ -36,6 +36,7 @@ from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
 from ._export import check_inputs, outputs_of, range_key
 from ._nonfinite import ExactNonfinite
 from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, declared_ops, export_onnx
+from ._onnx_shared import shared_initializers, strip_shared
 from ._ort_precision import NO_CONSTANT_WEIGHTS, to_fp16, to_int8, variant_support
 from ._ort_runner import NP_NAMES, OrtRunner
 
@@ -247,19 +248,26 @@ class OnnxRuntime(ExactNonfinite, Backend):
         return runner
 
     # -- saved programs (docs/deploy.md) ----------------------------------------------
-    def save_artifact(self, compiled, gm: torch.fx.GraphModule):
+    def save_artifact(self, compiled, gm: torch.fx.GraphModule, shared=None):
         """The ONNX model the session was made from (``model.onnx``), and the graph
-        optimizers left out for it."""
+        optimizers left out for it. Initializers equal to a weight the program holds
+        (``shared``: arbiter/deploy/shared.py) are saved as references to it, not again."""
         model_bytes = getattr(compiled, "model_bytes", None)
         if not isinstance(compiled, OrtRunner) or model_bytes is None:
             return None
-        return ({"format": "onnx", "precision": self.options.precision,
-                 "disabled_optimizers": list(compiled.disabled_optimizers)},
-                {"model.onnx": model_bytes})
+        refs: dict[str, str] = {}
+        if shared is not None:
+            model_bytes, refs = strip_shared(model_bytes, shared)
+        entry = {"format": "onnx", "precision": self.options.precision,
+                 "disabled_optimizers": list(compiled.disabled_optimizers)}
+        if refs:
+            entry["shared_initializers"] = refs
+        return entry, {"model.onnx": model_bytes}
 
-    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule):
+    def load_artifact(self, entry: dict, files: dict, gm: torch.fx.GraphModule, shared=None):
         """An ONNX Runtime session (this config's options, threads and arena) on the saved
-        ONNX model, bound like a compiled one."""
+        ONNX model, its shared initializers given from the program's weights, bound like a
+        compiled one."""
         if entry.get("format") != "onnx" or "model.onnx" not in files:
             raise ValueError(f"not an ONNX Runtime artifact: {sorted(entry)}")
         dynamic = graph_is_symbolic(gm)
@@ -267,7 +275,9 @@ class OnnxRuntime(ExactNonfinite, Backend):
         args = tuple(torch.empty(0, dtype=v.dtype) if isinstance(v, torch.Tensor) else 0
                      for v in values)
         disabled = tuple(str(x) for x in entry.get("disabled_optimizers", ()))
-        sess = self.make_session(files["model.onnx"], disabled_optimizers=disabled)
+        sess = self.make_session(files["model.onnx"], disabled_optimizers=disabled,
+                                 initializers=shared_initializers(
+                                     entry.get("shared_initializers"), shared))
         return OrtRunner(sess, [i.name for i in sess.get_inputs()],
                          [o.name for o in sess.get_outputs()], args, outputs_of(gm),
                          values if dynamic else None)
@@ -330,9 +340,11 @@ class OnnxRuntime(ExactNonfinite, Backend):
         return self.budget.coordinate and self.budget.may_spin(self.base_name or self.name) \
             and self.budget.threads > 1
 
-    def make_session(self, model_bytes: bytes, disabled_optimizers: tuple[str, ...] = ()):
+    def make_session(self, model_bytes: bytes, disabled_optimizers: tuple[str, ...] = (),
+                     initializers: tuple[list[str], list] = ([], [])):
         """An InferenceSession with the options and the process's pool and arena, without
-        the graph optimizers named (``_unsound_optimizers``)."""
+        the graph optimizers named (``_unsound_optimizers``); ``initializers``: (names,
+        OrtValues) for the model's external-data initializers (``_onnx_shared``)."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -351,6 +363,8 @@ class OnnxRuntime(ExactNonfinite, Backend):
                                     "1" if self._spins() else "0")
         if _PROCESS.get("env_arena"):
             so.add_session_config_entry("session.use_env_allocators", "1")
+        if initializers[0]:
+            so.add_external_initializers(*initializers)
         return ort.InferenceSession(model_bytes, so, providers=list(self.options.providers),
                                     disabled_optimizers=list(disabled_optimizers))
 

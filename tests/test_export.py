@@ -242,7 +242,7 @@ def test_tampered_and_truncated_files_are_refused(saved, tmp_path):
         m["format_version"] = 99
         return json.dumps(m).encode()
     _rewrite(src, tmp_path / "v99.arbiter", version)
-    with pytest.raises(ArbiterError, match="format version 99; this arbiter reads version 1"):
+    with pytest.raises(ArbiterError, match="format version 99; this arbiter reads versions 1, 2"):
         arbiter.load(tmp_path / "v99.arbiter")
     def plan(name: str, b: bytes) -> bytes:
         if name != "manifest.json":
@@ -256,6 +256,61 @@ def test_tampered_and_truncated_files_are_refused(saved, tmp_path):
     (tmp_path / "junk.arbiter").write_bytes(b"junk" * 100)
     with pytest.raises(ArbiterError, match="not a saved arbiter program"):
         arbiter.load(tmp_path / "junk.arbiter")
+
+
+def test_shared_weights_match_by_content():
+    """A saved artifact refers to a program weight only when dtype, shape and every byte
+    are the same (a matrix's transpose too); -0.0 is not 0.0; small tensors are kept."""
+    from arbiter.deploy.shared import SharedWeights
+
+    w = torch.randn(64, 48)
+    b = torch.zeros(32, 64)
+    shared = SharedWeights({"p:w": w, "p:b": b, "p:small": torch.randn(8)})
+    assert shared.find(w.clone()) == "p:w"
+    assert shared.find(w.t().contiguous()) == "t:p:w"
+    assert torch.equal(shared.get("t:p:w"), w.t())
+    assert shared.find(w.double()) is None and shared.find(w.reshape(48, 64)) is None
+    changed = w.clone()
+    changed[3, 7] = torch.nextafter(changed[3, 7], torch.tensor(1e9))
+    assert shared.find(changed) is None
+    assert shared.find(-b) is None  # -0.0: other bytes
+    assert shared.find(torch.randn(8)) is None and shared.find(torch.zeros(8)) is None
+    assert shared.found == {"p:w"}
+    with pytest.raises(ArbiterError, match="refers to weight 'p:gone'"):
+        shared.get("p:gone")
+
+
+def test_weights_are_saved_once(saved, tmp_path):
+    """The ONNX model saved for ONNX Runtime holds no initializer the program's weights
+    hold (the MLP's transposed Linear weights: references), and loads with them; a
+    reference to a weight the program lacks falls down the saved chain, said why."""
+    import onnx
+
+    src = saved["onnxruntime"]
+    with zipfile.ZipFile(src) as z:
+        m = json.loads(z.read("manifest.json"))
+        model = onnx.load_from_string(z.read("partitions/0/model.onnx"))
+    refs = m["plan"]["partitions"][0]["artifact"]["entry"]["shared_initializers"]
+    assert sorted(refs.values()) == ["t:p:fc1.weight", "t:p:fc2.weight", "t:p:fc3.weight"]
+    big = [i.name for i in model.graph.initializer if len(i.raw_data) >= 4096]
+    assert big == [] and all(i.data_location == onnx.TensorProto.EXTERNAL
+                             for i in model.graph.initializer if i.name in refs)
+
+    def rename(name: str, b: bytes) -> bytes:
+        if name != "manifest.json":
+            return b
+        m = json.loads(b)
+        entry = m["plan"]["partitions"][0]["artifact"]["entry"]
+        entry["shared_initializers"] = {k: "p:gone" for k in entry["shared_initializers"]}
+        return json.dumps(m).encode()
+    _rewrite(src, tmp_path / "gone.arbiter", rename)
+    loaded = arbiter.load(tmp_path / "gone.arbiter")
+    part = loaded.report().deployed.partitions[0]
+    assert part.loaded == "pending" and "refers to weight 'p:gone'" in part.reason
+    x = torch.randn(5, 32)
+    model_, _ = mlp()
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), model_(x), atol=1e-5)
 
 
 def test_artifact_and_zip_layout_are_checked(saved, tmp_path):

@@ -24,7 +24,10 @@ from typing import Any
 from ..errors import ArbiterError
 
 FORMAT = "arbiter-program"
-FORMAT_VERSION = 1
+#: 2: an artifact may refer to the program's weights instead of holding them (shared.py)
+FORMAT_VERSION = 2
+#: the versions this arbiter reads (1: every artifact holds its own weights)
+READS = (1, 2)
 MANIFEST = "manifest.json"
 MAX_MANIFEST = 64 * 1024 * 1024
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature ... name, extra lengths
@@ -70,10 +73,10 @@ class Archive:
             raise ArbiterError(f"{self.path}: not a saved arbiter program ({MANIFEST} says "
                                f"format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
         version = manifest.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READS:
             raise ArbiterError(f"{self.path}: saved in format version {version!r}; this "
-                               f"arbiter reads version {FORMAT_VERSION} only (save the "
-                               "program again with this arbiter)")
+                               f"arbiter reads versions {', '.join(map(str, READS))} (save "
+                               "the program again with this arbiter)")
         if not isinstance(manifest.get("files"), dict):
             raise ArbiterError(f"{self.path}: {MANIFEST} lists no files")
         self.manifest = manifest

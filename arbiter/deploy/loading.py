@@ -39,6 +39,7 @@ from .archive import Archive
 from .program import Deployed, Program
 from .report import loaded_report
 from .safe_program import from_bytes
+from .shared import SharedWeights, with_shared
 from .saving import versions
 from .signature import Signature
 from .tracing import aten_graph
@@ -152,6 +153,7 @@ class Loader:
                      if not p["inline"] and self._refused(p) is None}
             weights = _tensors(ar.read("weights.safetensors"),
                                f"{self.path}: weights.safetensors")
+            self.shared = SharedWeights(weights, self.path)
             ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
             self.graph = aten_graph(ep)
             by_name = _match_nodes(self.graph.gm, self.parts, self.path)
@@ -204,7 +206,7 @@ class Loader:
         files = files.result()  # a file refused (size, hash) raises here
         gm = self.subs[p["id"]].gm
         try:
-            fn = backend.load_artifact(entry, files, gm)
+            fn = with_shared(backend.load_artifact, entry, files, gm, shared=self.shared)
         except Exception as exc:  # noqa: BLE001 - down the saved chain
             log.warning("%s: partition %s: %s failed to load its artifact (%s)", self.path,
                         p["id"], name, describe(exc))

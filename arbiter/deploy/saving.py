@@ -7,7 +7,8 @@
   check at load);
 * ``partitions/<id>/...``: each compiled partition in its backend's own form
   (``Backend.save_artifact``: ONNX, OpenVINO IR, an AOTInductor package), where the
-  backend can write it;
+  backend can write it, without the weights ``weights.safetensors`` holds already where
+  the backend can refer to them (shared.py: an ONNX model's initializers);
 * ``manifest.json``: versions, the config, the input signature, the plan (each
   partition's nodes, chain, the backend that ran and its artifact), the report."""
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .._version import __version__
 from ..errors import describe
 from .archive import write
 from .safe_program import to_bytes
+from .shared import SharedWeights, with_shared
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
     record = source.record
     program_json, weights = to_bytes(source.ep)
     files = {"program.json": program_json, "weights.safetensors": tensors_bytes(weights)}
+    shared = SharedWeights(weights)
     ins, outs = source.samples
     files["samples.safetensors"] = tensors_bytes(
         {**{f"in.{i}": t for i, t in enumerate(ins)}, **{f"out.{i}": t for i, t in enumerate(outs)}})
@@ -75,7 +78,8 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
                 saved = None
                 if why is None:
                     try:
-                        saved = backend.save_artifact(raw, piece.gm)
+                        saved = with_shared(backend.save_artifact, raw, piece.gm,
+                                            shared=shared)
                     except Exception as exc:  # noqa: BLE001 - saved as ATen instead
                         why = f"{backend.name} failed to save it ({describe(exc)})"
                         log.warning("partition %d: %s; saved as ATen, compiled again at "
@@ -102,5 +106,5 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
         "report": report.model_dump(mode="json"),
     }
     write(path, manifest, files)
-    log.info("saved %s: %d partitions, %d artifacts", path, len(parts),
-             sum(p["artifact"] is not None for p in parts))
+    log.info("saved %s: %d partitions, %d artifacts, %d weights shared with them", path,
+             len(parts), sum(p["artifact"] is not None for p in parts), len(shared.found))

@@ -73,6 +73,19 @@ class AtenGraph:
     input_values: list[Any]
 
 
+def _lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A GraphModule whose Python code is generated when it is first run or read, not
+    here: the whole program's graph is only read (partitioned, stitched), and generating
+    its code took 0.2-0.5 s of a large model's load, twice (after the unused ``getitem``
+    nodes are removed). torch's own lazy GraphModule (what Inductor uses), where it has one."""
+    try:
+        from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
+    except ImportError:  # another torch: generated now
+        return torch.fx.GraphModule(torch.nn.Module(), graph, class_name="Exported")
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(torch.nn.Module(), graph, class_name="Exported")
+
+
 def aten_graph(ep: Any) -> AtenGraph:
     from ..run.lower import hoist_size_arithmetic
 
@@ -80,7 +93,7 @@ def aten_graph(ep: Any) -> AtenGraph:
     env: dict = {}
     out = graph.graph_copy(ep.graph, env)
     graph.output(out)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph, class_name="Exported")
+    gm = _lazy_graph_module(graph)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     specs = ep.graph_signature.input_specs
     if len(specs) != len(placeholders):

@@ -1,0 +1,84 @@
+"""The program's weights, shared with the partitions' saved artifacts.
+
+A saved program holds its weights once, in ``weights.safetensors`` (the ATen program's,
+which the eager fallback runs). A backend whose artifact would carry a copy of some of
+them (an ONNX model's initializers) asks ``SharedWeights.find`` at save time whether the
+program already holds a tensor with exactly those bytes, and stores its key instead of
+the data; at load, ``SharedWeights.get`` gives the tensor back (``Backend.save_artifact``,
+``Backend.load_artifact``: their ``shared`` argument). Matching is by content (dtype,
+shape and every byte: a sha256), never by name. A matrix the export transposed (a
+``Linear``'s weight folded with its ``t``) is found as the program weight's transpose
+(``"t:"`` before the key), made again at load; any other change (folded, cast) is not
+found and stays in the artifact."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from ..errors import ArbiterError
+
+#: a tensor smaller than this is kept in the artifact (not worth a reference)
+MIN_BYTES = 4096
+#: a reference to a program weight's transpose
+TRANSPOSED = "t:"
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes in row-major order, without a copy where it is contiguous."""
+    return memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _digest(t: torch.Tensor) -> tuple:
+    return (t.dtype, tuple(t.shape), hashlib.sha256(_raw(t)).digest())
+
+
+class SharedWeights:
+    """The program's weights by key (``weights.safetensors``'s names), found by content
+    (see the module)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], where: str = "the program"):
+        self.weights = weights
+        self.where = where
+        self._index: Optional[dict[tuple, str]] = None
+        self.found: set[str] = set()  # keys some artifact refers to (what the save says)
+
+    def find(self, t: torch.Tensor) -> Optional[str]:
+        """The key of a program weight with ``t``'s dtype, shape and bytes, or None."""
+        if t.numel() * t.element_size() < MIN_BYTES:
+            return None
+        if self._index is None:  # hashed once, on the first question
+            self._index = {}
+            for key, w in self.weights.items():
+                if isinstance(w, torch.Tensor) and w.numel() * w.element_size() >= MIN_BYTES:
+                    self._index.setdefault(_digest(w), key)
+                    if w.dim() == 2:
+                        self._index.setdefault(_digest(w.t()), TRANSPOSED + key)
+        ref = self._index.get(_digest(t))
+        if ref is not None:
+            self.found.add(ref.removeprefix(TRANSPOSED))
+        return ref
+
+    def get(self, ref: str) -> torch.Tensor:
+        """The tensor ``find`` answered ``ref`` for (an ``ArbiterError`` naming it when the
+        program holds no such weight)."""
+        key = ref.removeprefix(TRANSPOSED) if isinstance(ref, str) else None
+        t = self.weights.get(key) if key is not None else None
+        if not isinstance(t, torch.Tensor) or (key != ref and t.dim() != 2):
+            raise ArbiterError(f"{self.where}: a saved artifact refers to weight {ref!r}, "
+                               "which the saved program does not hold")
+        return t.t().contiguous() if key != ref else t
+
+
+def with_shared(method: Callable, *args: Any, shared: SharedWeights) -> Any:
+    """``method(*args, shared=shared)`` where the backend's method takes ``shared``; a
+    backend written before it was added is called without it (its artifacts hold their
+    own copies)."""
+    try:
+        takes = "shared" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return method(*args, shared=shared) if takes else method(*args)
