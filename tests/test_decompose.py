@@ -344,6 +344,30 @@ def test_flash_attention_decompositions_with_a_mask_equal_aten(causal, mask_shap
     _assert_flash_equals_the_kernel(q, k, v, causal, attn_mask=mask)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_flash_attention_inference_decomposes_to_one_softmax(masked):
+    """In an inference graph (the logsumexp unread) the attention decomposes to one
+    ``_softmax`` (a fused Softmax in ONNX): the logsumexp's ops are dropped; a graph
+    that returns the logsumexp (a training forward) keeps them. Both equal the kernel."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from arbiter.decompose.per_backend import for_names
+
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    kw = {"attn_mask": torch.randn(5, 5).masked_fill(torch.rand(5, 5) < 0.3, float("-inf"))} \
+        if masked else {}
+    table = for_names(["aten._scaled_dot_product_flash_attention_for_cpu"])
+    for returns_lse in (False, True):
+        gm = make_fx(lambda q, k, v: FLASH(q, k, v, 0.0, False, **kw)[:1 + returns_lse])(q, k, v)
+        new = table.apply(gm)
+        ops = [str(n.target) for n in new.graph.nodes if n.op == "call_function"]
+        assert ops.count("aten._softmax.default") == 1, ops
+        assert ("aten.log.default" in ops) == returns_lse, ops
+        for got, want in zip(new(q, k, v), FLASH(q, k, v, 0.0, False, **kw)):
+            torch.testing.assert_close(got, want)
+
+
 def test_probe_checks_the_logsumexp_a_backward_reads():
     """The probe's check of unreturned outputs (what a backward graph reads) on the
     attention op: its logsumexp, computed through ONNX Runtime's decomposition, equals

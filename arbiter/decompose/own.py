@@ -85,21 +85,27 @@ def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, 
     attention matrix in its place, which a training step's backward reads (the
     "invalid dimensions for output" ONNX Runtime failed with). With an additive mask
     (what SDPA hands the kernel), a row the mask leaves no key is the kernel's: output
-    0, logsumexp 0. Without dropout only (else the op stays whole)."""
+    0, logsumexp 0. Without dropout only (else the op stays whole).
+
+    The probabilities are ``_softmax`` (one fused Softmax where the backend has one) and
+    the logsumexp is computed on its own: an inference graph never reads it, and the
+    decomposed graph's dead-code pass then drops it (T5-small's six attentions through
+    ONNX Runtime were nine ops each, the softmax written out through the logsumexp)."""
     aten = torch.ops.aten
     s = _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
+    probs = aten._softmax.default(s, -1, False)
     top = aten.max.dim(s, -1, True)[0]
     if attn_mask is not None:  # without one every row keeps a key, causal or not
         dead = aten.eq.Scalar(top, float("-inf"))
         zero = aten.zeros_like.default(top)
         top = aten.where.self(dead, zero, top)
+        probs = aten.masked_fill.Scalar(probs, dead, 0.0)
     lse = aten.add.Tensor(aten.log.default(aten.sum.dim_IntList(
         aten.exp.default(aten.sub.Tensor(s, top)), [-1], True)), top)
     if attn_mask is not None:
         lse = aten.where.self(dead, zero, lse)
-    probs = aten.exp.default(aten.sub.Tensor(s, lse))
     return aten.matmul.default(probs, value), aten.view.default(lse, list(lse.shape[:-1]))
 
 
