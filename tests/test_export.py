@@ -423,6 +423,31 @@ def test_fast_dataclasses_equal_torchs(saved):
     assert to_dataclass(ExportedProgram, data) == _dict_to_dataclass(ExportedProgram, data)
 
 
+def test_dtype_asserts_do_not_split_the_plan(tmp_path):
+    """torch.export checks a ``.to()``'s dtype with ``_assert_tensor_metadata`` (a node
+    that returns nothing, so only eager could run it): dropped, the model is one
+    ONNX Runtime partition returning one tensor, as through torch.compile (T5's 16 made an
+    eager partition and 16 more outputs)."""
+    class RMS(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.lin(h.to(torch.float32) * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)))
+
+    model, x = RMS().eval(), torch.randn(2, 8)
+    program = arbiter.export(model, (x,), config=ORT)
+    program.save(tmp_path / "rms.arbiter")
+    with zipfile.ZipFile(tmp_path / "rms.arbiter") as z:
+        parts = json.loads(z.read("manifest.json"))["plan"]["partitions"]
+        assert b"_assert_tensor_metadata" not in z.read("program.json")
+    assert [(p["ran"], p["inline"]) for p in parts] == [("onnxruntime", False)]
+    with torch.no_grad():
+        assert torch.allclose(arbiter.load(tmp_path / "rms.arbiter")(x), model(x), atol=1e-6)
+
+
 def test_training_mode_is_refused():
     model, args = mlp()
     with pytest.raises(ArbiterError, match="inference: call model.eval"):

@@ -46,6 +46,7 @@ def trace(model: Any, args: tuple, kwargs: Optional[dict], dynamic_shapes: Any,
             raise ArbiterError(f"torch.export could not export the model: "
                                f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from exc
         ep = ep.run_decompositions(decompositions(config_decompositions))
+    _drop_metadata_asserts(ep)
     sig = ep.graph_signature
     mutated = {**sig.buffers_to_mutate, **sig.user_inputs_to_mutate}
     if mutated:
@@ -57,6 +58,24 @@ def trace(model: Any, args: tuple, kwargs: Optional[dict], dynamic_shapes: Any,
             raise ArbiterError(f"the exported program holds {name}, a "
                                f"{type(value).__name__}: only tensor constants can be saved")
     return ep
+
+
+def _drop_metadata_asserts(ep: Any) -> None:
+    """Remove ``_assert_tensor_metadata`` nodes (torch.export's check of a ``.to()``'s
+    dtype, in place): in a traced program the dtypes are the graph's own, fixed when it
+    was traced, so the check can never fail; left in, each is a node only eager runs
+    (it returns nothing), and the tensor it checks must leave its backend's partition
+    (T5-small: 16 such nodes made its ONNX Runtime partition return 17 tensors, and an
+    eager partition). Size assertions (``_assert_scalar``) stay: they check inputs."""
+    graph = ep.graph_module.graph
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and \
+                node.target is torch.ops.aten._assert_tensor_metadata.default and not node.users:
+            graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        ep.graph_module.recompile()
 
 
 @dataclass
