@@ -19,7 +19,8 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 
 #: Low to high. A module may import its own layer (no cycles) and the ones below.
 LAYERS = [
-    ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes", "arbiter.yamlsrc",
+    ("arbiter._version", "arbiter.errors", "arbiter.loadavg", "arbiter.ops", "arbiter.shapes",
+     "arbiter.yamlsrc",
      "arbiter.decompose", "arbiter.decompose_fused"),
     ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
     ("arbiter.registry",),

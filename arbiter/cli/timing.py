@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..loadavg import load_average
 from ..report.cells import plural
 
 #: a machine is too busy to time when its load average per usable CPU passes this
@@ -55,11 +56,6 @@ class Load:
                   if self.others >= 0 else "")
         return (f"load average {self.average[0]:.2f} before, {self.average[1]:.2f} after, "
                 f"on {plural(self.cpus, 'CPU')}{others}")
-
-
-def load_average() -> float:
-    """The 1-minute load average, NaN where the system has none."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def other_busy_processes() -> int:

@@ -29,6 +29,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from ..loadavg import load_per_core
 from ..ops import is_getitem
 from ..plan.partition import partition_graph
 from ..plan.predict import BackendCalibration, op_work
@@ -229,15 +230,6 @@ def cell_work(gm: torch.fx.GraphModule, cls: str) -> float:
 LOADED = 1.5
 
 
-def _load_per_core() -> float:
-    try:
-        import os
-
-        return round(os.getloadavg()[0] / (os.cpu_count() or 1), 2)
-    except (AttributeError, OSError):
-        return 0.0
-
-
 def calls_per_sample(fn: Callable, args: tuple) -> int:
     """How many calls of ``fn`` one sample takes (at least SAMPLE_S); warms it up."""
     fn(*args)
@@ -296,7 +288,7 @@ class Calibrator:
         from torch.fx.experimental.proxy_tensor import make_fx
 
         out = {n: have.get(n) or Measured({}, {}, {}) for n in names}
-        load = _load_per_core()
+        load = load_per_core()
         for m in out.values():
             m.load = load if m.load is None else max(m.load, load)
         if load > LOADED:

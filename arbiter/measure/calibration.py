@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import threading
@@ -31,6 +32,7 @@ import torch
 
 from ..cache import Cache
 from ..errors import ArbiterError
+from ..loadavg import load_average
 from ..plan.predict import BackendCalibration
 from .calibrate import CELLS, Calibrator, Measured
 
@@ -105,7 +107,7 @@ def write_file(path: str, measured: dict[str, Measured], backends: dict) -> None
     data = {"format": FORMAT, "machine": machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+            "load": None if math.isnan(load_average()) else round(load_average(), 2),
             "backends": {n: {"version": _version(backends[n]), "measured": m.to_json()}
                          for n, m in measured.items()}}
     with open(path, "w") as f:
