@@ -431,3 +431,15 @@ def test_a_dtype_the_backend_holds_narrower_skips_the_sample(make_backend):
     assert "int64" not in result.failed.get("aten.sin.default", {})
     cls.narrow_dtype_ops = frozenset({"aten.add.Tensor"})
     assert "int64" in probe(cls(), ops=["add"], dtypes=["int64"]).passed["aten.add.Tensor"]
+
+
+def test_opinfo_names_that_match_nothing_are_an_error():
+    """``--ops`` with a misspelt OpInfo name (or a variant that does not exist) is an
+    error naming it, with close names; a variant selects that variant only."""
+    from arbiter.errors import ArbiterError
+    from arbiter.probe.sampling import label, opinfos
+
+    assert [label(o) for o in opinfos(["max.binary"])] == ["max.binary"]
+    assert len(opinfos(["max"])) > 1
+    with pytest.raises(ArbiterError, match=r"no OpInfo matches 'max\.bniary' \(close: max\.binary"):
+        opinfos(["add", "max.bniary"])

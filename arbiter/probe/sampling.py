@@ -22,8 +22,11 @@ from ..ops import is_getitem, is_mutating, is_random, op_name
 
 
 def opinfos(names: Optional[Sequence[str]] = None) -> list:
-    """OpInfos of PyTorch's op_db, optionally only those matching ``names`` (an OpInfo
-    name such as ``nn.functional.gelu``, or an ATen op ``aten.gelu[.overload]``)."""
+    """OpInfos of PyTorch's op_db, optionally only those matching ``names``: an OpInfo
+    name (``nn.functional.gelu``: every variant), one variant (``max.binary``, as
+    ``label`` writes it), or an ATen op ``aten.gelu[.overload]``. An OpInfo name or
+    variant that matches none is an ``ArbiterError`` naming it (a probe that silently ran
+    nothing for it would look like a pass)."""
     try:
         from torch.testing._internal.common_methods_invocations import op_db
     except ImportError as exc:  # expecttest is what is usually missing
@@ -31,13 +34,26 @@ def opinfos(names: Optional[Sequence[str]] = None) -> list:
                            "test extra: pip install 'torch-arbiter[test]'") from None
     if not names:
         return list(op_db)
-    wanted = set()
-    for n in names:
-        wanted.add(n)
-        if n.startswith("aten."):
-            wanted.add(n.split(".")[1])
-    return [o for o in op_db if o.name in wanted or o.aten_name in wanted
-            or (o.name.rsplit(".", 1)[-1] in wanted and o.name.startswith("nn.functional"))]
+
+    def matches(o, n: str) -> bool:
+        key = n.split(".")[1] if n.startswith("aten.") and n.count(".") >= 1 else n
+        return (o.name in (n, key) or o.aten_name in (n, key) or label(o) == n
+                or (o.name.startswith("nn.functional") and o.name.rsplit(".", 1)[-1] == n))
+
+    # an ATen op no OpInfo is named for may still be reached (the dynamic probe's
+    # hand-made samples): only OpInfo names must match
+    unmatched = [n for n in names if not n.startswith("aten.")
+                 and not any(matches(o, n) for o in op_db)]
+    if unmatched:
+        import difflib
+
+        known = sorted({label(o) for o in op_db} | {o.name for o in op_db})
+        hints = {n: difflib.get_close_matches(n, known, 3) for n in unmatched}
+        raise ArbiterError("no OpInfo matches " + "; ".join(
+            f"{n!r}" + (f" (close: {', '.join(h)})" if h else "") for n, h in hints.items())
+            + ": give an OpInfo name (nn.functional.gelu), a variant (max.binary) or an "
+            "ATen op (aten.gelu)")
+    return [o for o in op_db if any(matches(o, n) for n in names)]
 
 
 def label(info) -> str:
