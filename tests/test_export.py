@@ -275,7 +275,10 @@ def test_shared_weights_match_by_content():
     assert shared.find(changed) is None
     assert shared.find(-b) is None  # -0.0: other bytes
     assert shared.find(torch.randn(8)) is None and shared.find(torch.zeros(8)) is None
-    assert shared.found == {"p:w"}
+    assert shared.found == {"p:w"} and shared.refs == {"p:w", "t:p:w"}
+    shared.prefetch(["t:p:w", "t:p:gone", "p:w", 3])  # made ahead (a load's thread), given once
+    made = shared._made["t:p:w"]
+    assert shared.get("t:p:w") is made and torch.equal(made, w.t()) and not shared._made
     with pytest.raises(ArbiterError, match="refers to weight 'p:gone'"):
         shared.get("p:gone")
 
@@ -292,6 +295,7 @@ def test_weights_are_saved_once(saved, tmp_path):
         model = onnx.load_from_string(z.read("partitions/0/model.onnx"))
     refs = m["plan"]["partitions"][0]["artifact"]["entry"]["shared_initializers"]
     assert sorted(refs.values()) == ["t:p:fc1.weight", "t:p:fc2.weight", "t:p:fc3.weight"]
+    assert m["shared_weights"] == sorted(refs.values())  # what a load transposes ahead
     big = [i.name for i in model.graph.initializer if len(i.raw_data) >= 4096]
     assert big == [] and all(i.data_location == onnx.TensorProto.EXTERNAL
                              for i in model.graph.initializer if i.name in refs)

@@ -154,6 +154,8 @@ class Loader:
             weights = _tensors(ar.read("weights.safetensors"),
                                f"{self.path}: weights.safetensors")
             self.shared = SharedWeights(weights, self.path)
+            # the transposed weights the artifacts take, made in the thread meanwhile
+            made = pool.submit(self.shared.prefetch, ar.manifest.get("shared_weights"))
             ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
             self.graph = aten_graph(ep)
             by_name = _match_nodes(self.graph.gm, self.parts, self.path)
@@ -168,6 +170,7 @@ class Loader:
             self.plan = Plan(self.graph.gm, partitions, support={})
             self.subs = {p["id"]: extract(self.plan, part, self.graph.constants)
                          for p, part in zip(self.parts, partitions) if not p["inline"]}
+            made.result()
             self.loaded = {p["id"]: self._artifact(p, files.get(p["id"]))
                            for p in self.parts if not p["inline"]}
         finally:

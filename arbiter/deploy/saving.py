@@ -103,6 +103,7 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
         "config": config,
         "signature": program.signature.to_json(),
         "plan": {"partitions": parts},
+        "shared_weights": sorted(shared.refs),
         "report": report.model_dump(mode="json"),
     }
     write(path, manifest, files)

@@ -45,6 +45,8 @@ class SharedWeights:
         self.where = where
         self._index: Optional[dict[tuple, str]] = None
         self.found: set[str] = set()  # keys some artifact refers to (what the save says)
+        self.refs: set[str] = set()  # what ``find`` answered (transposes with their "t:")
+        self._made: dict[str, torch.Tensor] = {}  # ``prefetch``'s transposes, until ``get``
 
     def find(self, t: torch.Tensor) -> Optional[str]:
         """The key of a program weight with ``t``'s dtype, shape and bytes, or None."""
@@ -60,11 +62,25 @@ class SharedWeights:
         ref = self._index.get(_digest(t))
         if ref is not None:
             self.found.add(ref.removeprefix(TRANSPOSED))
+            self.refs.add(ref)
         return ref
+
+    def prefetch(self, refs: Any) -> None:
+        """Make the transposes among ``refs`` (the saved program's list) ahead of ``get``:
+        a load runs this in a thread while it reads the ATen program (a transpose copies
+        the matrix: BERT-base's 76 are 340 MB). Anything unknown is left to ``get``."""
+        for ref in refs if isinstance(refs, list) else ():
+            if isinstance(ref, str) and ref.startswith(TRANSPOSED) and ref not in self._made:
+                w = self.weights.get(ref.removeprefix(TRANSPOSED))
+                if isinstance(w, torch.Tensor) and w.dim() == 2:
+                    self._made[ref] = w.t().contiguous()
 
     def get(self, ref: str) -> torch.Tensor:
         """The tensor ``find`` answered ``ref`` for (an ``ArbiterError`` naming it when the
         program holds no such weight)."""
+        made = self._made.pop(ref, None) if isinstance(ref, str) else None
+        if made is not None:  # given once: the artifact keeps (or copies) what it needs
+            return made
         key = ref.removeprefix(TRANSPOSED) if isinstance(ref, str) else None
         t = self.weights.get(key) if key is not None else None
         if not isinstance(t, torch.Tensor) or (key != ref and t.dim() != 2):
