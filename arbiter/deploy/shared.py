@@ -44,7 +44,6 @@ class SharedWeights:
         self.weights = weights
         self.where = where
         self._index: Optional[dict[tuple, str]] = None
-        self.found: set[str] = set()  # keys some artifact refers to (what the save says)
         self.refs: set[str] = set()  # what ``find`` answered (transposes with their "t:")
         self._made: dict[str, torch.Tensor] = {}  # ``prefetch``'s transposes, until ``get``
 
@@ -61,9 +60,13 @@ class SharedWeights:
                         self._index.setdefault(_digest(w.t()), TRANSPOSED + key)
         ref = self._index.get(_digest(t))
         if ref is not None:
-            self.found.add(ref.removeprefix(TRANSPOSED))
             self.refs.add(ref)
         return ref
+
+    @property
+    def found(self) -> set[str]:
+        """The keys of the weights some artifact refers to (a transpose's, its own)."""
+        return {ref.removeprefix(TRANSPOSED) for ref in self.refs}
 
     def prefetch(self, refs: Any) -> None:
         """Make the transposes among ``refs`` (the saved program's list) ahead of ``get``:

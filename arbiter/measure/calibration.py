@@ -104,10 +104,11 @@ def read_file(path: str) -> dict[str, Measured]:
 
 def write_file(path: str, measured: dict[str, Measured], backends: dict) -> None:
     """A calibration file: the machine, threads and each backend's measurements."""
+    load = load_average()
     data = {"format": FORMAT, "machine": machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "written": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "load": None if math.isnan(load_average()) else round(load_average(), 2),
+            "load": None if math.isnan(load) else round(load, 2),
             "backends": {n: {"version": _version(backends[n]), "measured": m.to_json()}
                          for n, m in measured.items()}}
     with open(path, "w") as f:

@@ -36,7 +36,7 @@ def opinfos(names: Optional[Sequence[str]] = None) -> list:
         return list(op_db)
 
     def matches(o, n: str) -> bool:
-        key = n.split(".")[1] if n.startswith("aten.") and n.count(".") >= 1 else n
+        key = n.split(".")[1] if n.startswith("aten.") else n
         return (o.name in (n, key) or o.aten_name in (n, key) or label(o) == n
                 or (o.name.startswith("nn.functional") and o.name.rsplit(".", 1)[-1] == n))
 
