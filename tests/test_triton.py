@@ -5,7 +5,9 @@ the process's, fixed when triton is first imported (Inductor imports it, even on
 backends/_triton_kernels.py). So ``test_kernels_in_the_interpreter`` runs this file again
 in a child process with ``TRITON_INTERPRET=1``, where the tests marked ``interp`` run:
 tiny shapes (the interpreter is 500-5000x slower than eager), float32 and float16, inputs
-other than the ones compiled with. Tests marked ``gpu`` run the kernels on CUDA.
+other than the ones compiled with. On a machine with CUDA (and no ``TRITON_INTERPRET``) the
+same tests run compiled kernels on the GPU (``-m "interp or gpu"``); tests marked ``gpu``
+also call the launchers directly there.
 """
 from __future__ import annotations
 
@@ -21,8 +23,11 @@ import torch.nn.functional as F
 import arbiter
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interp = pytest.mark.skipif(not INTERPRETER, reason="runs in the child process with "
-                            "TRITON_INTERPRET=1 (test_kernels_in_the_interpreter)")
+# the kernels' tests run in the interpreter (CPU tensors) or compiled on a CUDA device
+DEVICE = "cpu" if INTERPRETER or not torch.cuda.is_available() else "cuda"
+interp = pytest.mark.skipif(not INTERPRETER and DEVICE == "cpu", reason="runs in the child "
+                            "process with TRITON_INTERPRET=1 "
+                            "(test_kernels_in_the_interpreter), or on a CUDA device")
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
@@ -122,7 +127,7 @@ class Softmax(torch.nn.Module):
 
 def _inputs(shapes, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=gen).to(dtype) for s in shapes]
+    return [torch.randn(*s, generator=gen).to(DEVICE, dtype) for s in shapes]
 
 
 CASES = [
@@ -146,7 +151,7 @@ CASES = [
 def test_pattern_kernel_matches_eager(case, dtype, fresh_dynamo):
     _, make, shapes, pattern = case
     torch.manual_seed(0)
-    model = make().to(dtype).eval()
+    model = make().to(DEVICE, dtype).eval()
     be = arbiter.Arbiter({"backends": ["triton"], "min_block_size": 1})
     compiled = torch.compile(model, backend=be)
     with torch.no_grad():
@@ -169,8 +174,8 @@ def test_pattern_kernel_matches_eager(case, dtype, fresh_dynamo):
 @interp
 def test_backend_arbiter_builds_its_planner_inside_dynamo(fresh_dynamo):
     # backend="arbiter" makes the Arbiter (and traces the patterns) inside Dynamo's call
-    model = BiasGelu(16, "none").eval()
-    x = torch.randn(2, 16)
+    model = BiasGelu(16, "none").to(DEVICE).eval()
+    x = torch.randn(2, 16, device=DEVICE)
     config = {"backends": ["triton"], "min_block_size": 1}
     with torch.no_grad():
         got = torch.compile(model, backend="arbiter", options={"config": config})(x)
@@ -184,7 +189,7 @@ def test_backend_arbiter_builds_its_planner_inside_dynamo(fresh_dynamo):
 def test_rows_wider_than_a_block_are_refused_with_the_reason():
     from conftest import trace
 
-    x, mask = torch.randn(2, 20000), torch.randn(2, 20000)
+    x, mask = torch.randn(2, 20000, device=DEVICE), torch.randn(2, 20000, device=DEVICE)
     gm = trace(lambda x, m: torch.softmax(x * 0.5 + m, -1), x, mask)
     plan = arbiter.partition(gm, {"backends": ["triton"], "min_block_size": 1})
     (g,) = plan.patterns
@@ -199,7 +204,7 @@ def test_a_partition_with_other_ops_is_refused_and_falls_back(fresh_dynamo):
     from arbiter.backends.triton import Triton
     from conftest import trace
 
-    x, b = torch.randn(2, 8), torch.randn(8)
+    x, b = torch.randn(2, 8, device=DEVICE), torch.randn(8, device=DEVICE)
     gm = trace(lambda x, b: (torch.relu(F.gelu(x + b)),), x, b)
     with pytest.raises(TypeError, match=r"triton runs pattern kernels only; relu"):
         Triton().compile(gm, [x, b])
