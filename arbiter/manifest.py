@@ -42,6 +42,7 @@ is a record of where an op was probed, not a condition: what may run is ``dtypes
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -52,6 +53,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError, ManifestError, UnknownOpError, require_known
 from .ops import packet_name, resolve
 from .yamlsrc import Located, load_file, load_text, validation_error
+
+log = logging.getLogger(__name__)
 
 #: dtype names as torch spells them (``torch.float32`` -> ``float32``).
 DTYPES: dict[str, torch.dtype] = {
@@ -174,6 +177,7 @@ class ProbeInfo(BaseModel):
     date: str
     torch: str
     backend_version: str
+    device: str = Field("cpu", description="the device the probe's samples ran on")
     mode: Literal["run", "build"] = Field("run", description="`run`: samples run and "
                                           "compared with eager; `build`: converted and "
                                           "built only (`--build-only`)")
@@ -321,6 +325,7 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
     if backend is not None and manifest.backend != backend:
         raise located.error(("backend",), f"manifest is for backend {manifest.backend!r}, "
                             f"expected {backend!r}", ManifestError)
+    unknown: list[str] = []
     for name, entry in manifest.ops.items():
         allowed = manifest.defaults.dtypes if entry.dtypes is None else entry.dtypes
         for key in ("probed_dtypes", "built_dtypes"):
@@ -340,7 +345,9 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
         try:
             resolve(name)
         except UnknownOpError as exc:
-            raise located.error(("ops", name), str(exc), ManifestError) from None
+            if not other_torch(manifest):
+                raise located.error(("ops", name), str(exc), ManifestError) from None
+            unknown.append(name)
     for name, pat in manifest.patterns.items():
         if pat.function is not None and pat.inputs is None:
             raise located.error(("patterns", name, "inputs"), "a pattern given by "
@@ -351,7 +358,29 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
             resolve(name)
         except UnknownOpError as exc:
             raise located.error(("decompositions", i), str(exc), ManifestError) from None
+    if unknown:
+        # written with another torch: its ops are that torch's, and an op this one lacks
+        # cannot be in a graph here (a typo in a manifest of this torch stays an error)
+        log.warning("%s: %d op(s) unknown to torch %s left out (the manifest was probed "
+                    "with torch %s): %s", located.file, len(unknown), torch.__version__,
+                    manifest.probe.torch, ", ".join(unknown))
+        for name in unknown:
+            del manifest.ops[name]
     return manifest
+
+
+def release(version: str) -> str:
+    """A version without its local build label (``2.13.0+cpu`` -> ``2.13.0``)."""
+    return str(version).split("+", 1)[0]
+
+
+def other_torch(manifest: Manifest) -> Optional[str]:
+    """Why the manifest's probe results come from another torch than this one, or None:
+    the release (``2.13.0``) differs; the build (``+cpu``, ``+cu130``) does not count."""
+    probe = manifest.probe
+    if probe is None or release(probe.torch) == release(torch.__version__):
+        return None
+    return f"probed with torch {probe.torch}, this is {torch.__version__}"
 
 
 def _as_manifest_error(exc: ConfigError) -> ManifestError:

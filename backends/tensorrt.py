@@ -22,8 +22,10 @@ version says which.
   models (graph with weights, shapes, options, TensorRT version, GPU).
 * Static shapes only (the manifest says ``dynamic: false``); no optimization profiles.
 
-The GPU path is written from TensorRT's documented API and has never run here: no GPU
-was lent to this work (tests marked ``gpu``; docs/design.md).
+The GPU path is written from TensorRT's documented API and has not run an engine yet: the
+one GPU lent to this work, an H100 (compute capability 9.0), is refused by TensorRT-RTX
+("supported: 8.0 8.6 8.9 12.0 12.1 >12.0"); that refusal is remembered per GPU so that
+other partitions fall back at once and ``available()`` says why (docs/design.md).
 """
 from __future__ import annotations
 
@@ -271,6 +273,10 @@ class TensorRT(Backend):
     validators = dict(EXPORT_VALIDATORS)
     _threads: Optional[int] = None
     _gpu_allocator: Any = None
+    #: GPU (name and compute capability) -> why this TensorRT package cannot run engines on
+    #: it (TensorRT-RTX refuses data-centre GPUs such as the H100, sm 9.0): learned from
+    #: the first engine refused, so that no other partition builds one for nothing
+    _gpu_refused: dict = {}
 
     def _trt(self):
         return _import(self.options.package)
@@ -292,6 +298,9 @@ class TensorRT(Backend):
             return False, (f"no CUDA device (torch {torch.__version__}): {trt.__name__} "
                            f"{trt.__version__} builds engines here (dry runs, `arbiter probe "
                            f"tensorrt --build-only`) but runs them only on an NVIDIA GPU")
+        refused = self._gpu_refused.get(_gpu_key())
+        if refused:
+            return False, refused
         return True, ""
 
     def version(self) -> str:
@@ -344,12 +353,29 @@ class TensorRT(Backend):
         if off:
             raise TypeError(f"TensorRT runs CUDA tensors; input {off[0]} is on "
                             f"{args[off[0]].device}")
+        refused = self._gpu_refused.get(_gpu_key(args[0].device))
+        if refused:
+            raise RuntimeError(refused)
         blob = self.cached_artifact(gm, args, lambda: self._build(gm, args).pack(),
                                     kind="tensorrt-engine")
         trt = self._trt()
         if self._gpu_allocator is None:
             TensorRT._gpu_allocator = _allocator(trt)
-        return TrtRunner(trt, Engine.unpack(blob), outputs_of(gm), args, self._gpu_allocator)
+        try:
+            return TrtRunner(trt, Engine.unpack(blob), outputs_of(gm), args,
+                             self._gpu_allocator)
+        except RuntimeError as exc:
+            if "cannot run on this GPU" in str(exc):
+                key = _gpu_key(args[0].device)
+                TensorRT._gpu_refused[key] = f"{trt.__name__} {trt.__version__} cannot run " \
+                    f"engines on {key}: {exc}"
+            raise
+
+
+def _gpu_key(device: Any = None) -> str:
+    i = torch.cuda.current_device() if device is None or device.index is None else device.index
+    major, minor = torch.cuda.get_device_capability(i)
+    return f"{torch.cuda.get_device_name(i)} (compute capability {major}.{minor})"
 
 
 class TrtRunner(Runner):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import arbiter
@@ -88,6 +89,82 @@ def test_probed_ops_are_not_checked(make_backend, fresh_dynamo, tmp_path):
     # the manifest's evidence is trusted: no check, and the backend's answer stands
     assert p.backend == "trusted" and not p.first_use and p.verify_checks == 0
     assert torch.allclose(out, f(x) + 0.5)
+
+
+@pytest.mark.parametrize("probe, why", [
+    ({}, None),  # the probe ran with this torch, this backend version, on this device
+    ({"torch": "2.1.0"}, "probed with torch 2.1.0, this is " + torch.__version__),
+    ({"backend_version": "0.0.1"}, "probed with 0.0.1, this is " + torch.__version__),
+    ({"device": "cuda"}, "probed on cuda, this runs on cpu"),
+], ids=["same", "other torch", "other backend version", "other device"])
+def test_evidence_from_other_software_or_device_is_checked_again(
+        make_backend, fresh_dynamo, tmp_path, probe, why):
+    cls = make_backend("trusted", OPS, compile=_lies_about_sin)
+    info = {"date": "2026-11-26", "torch": torch.__version__,
+            "backend_version": torch.__version__, **probe}  # a test backend's version()
+    path = tmp_path / "trusted_probed.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        backend: trusted
+        defaults: {{dtypes: [float32], devices: [cpu]}}
+        ops:
+          aten.mul.Tensor: {{verified: probed, probed_dtypes: [float32]}}
+          aten.add.Tensor: {{verified: probed, probed_dtypes: [float32]}}
+          aten.sin.default: {{verified: probed, probed_dtypes: [float32]}}
+        probe: {json.dumps(info)}
+        """))
+    cls.manifest_path = classmethod(lambda c: path)
+    be = arbiter.Arbiter({"backends": ["trusted"], "min_block_size": 1})
+    x = torch.randn(4, 4)
+    out = torch.compile(f, backend=be)(x)
+    (p,) = _parts(be)
+    if why is None:
+        assert not p.first_use and torch.allclose(out, f(x) + 0.5)
+        return
+    (check,) = p.first_use
+    assert check.result == "failed" and f"aten.sin.default float32 ({why})" in check.unverified
+    torch.testing.assert_close(out, f(x))
+
+
+def _chain(x):
+    for _ in range(200):  # float16 eager rounds at every step: 0.04 off at the end
+        x = x * 0.999 + 0.01
+    return x
+
+
+def _computes_in_float64(scale):
+    """A backend that computes the graph in float64 and rounds once (then scales)."""
+    def compile(self, gm, example_inputs):
+        from arbiter.run.reference import float64_outputs
+
+        def run(*args):
+            return [(o * scale).to(a.dtype) for o, a in zip(float64_outputs(gm, args), args)]
+        return run
+    return compile
+
+
+@pytest.mark.parametrize("scale, passes", [(1.0, True), (1.1, False)],
+                         ids=["more accurate than eager", "10% off"])
+def test_a_float16_difference_is_judged_against_a_float64_reference(
+        make_backend, fresh_dynamo, tmp_path, scale, passes):
+    cls = make_backend("precise", OPS, compile=_computes_in_float64(scale))
+    path = tmp_path / "precise.yaml"
+    path.write_text("backend: precise\ndefaults: {dtypes: [float16], devices: [cpu]}\n"
+                    "ops: {aten.mul.Tensor: {}, aten.add.Tensor: {}}\n")
+    cls.manifest_path = classmethod(lambda c: path)
+    be = arbiter.Arbiter({"backends": ["precise"], "min_block_size": 1})
+    x = torch.rand(64, dtype=torch.float16)
+    out = torch.compile(_chain, backend=be)(x)
+    exact = _chain(x.double())
+    assert not torch.allclose(_chain(x), exact.half(), rtol=1e-2, atol=1e-3)  # eager's error
+    (p,) = _parts(be)
+    (check,) = p.first_use
+    if passes:  # differs from eager beyond float16's tolerance, but towards the true value
+        assert check.result == "passed" and p.backend == "precise" and not p.fallbacks
+        torch.testing.assert_close(out, exact.half())
+    else:
+        assert check.result == "failed" and p.backend == "eager"
+        assert "against a float64 reference its error is RMS" in p.fallbacks[0].reason
+        torch.testing.assert_close(out, _chain(x))
 
 
 def test_verify_off_trusts_declarations(make_backend, fresh_dynamo):

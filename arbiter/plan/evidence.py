@@ -7,7 +7,9 @@ have (the probe compares every output of an op, including those only a backward 
 reads), and, when the backend compiles it with symbolic sizes (one artifact for every
 size), when the entry says ``dynamic: true`` (``arbiter probe --dynamic``: run at two
 sizes through one artifact). Anything else, ``verified: declared`` or ``built`` entries,
-dtypes the probe never tried, an op with no entry of its own (a pattern's node), is
+dtypes the probe never tried, an op with no entry of its own (a pattern's node), and
+every entry when the probe ran with another torch release or backend version than this
+process has, or on another device than the node's (the shipped probes ran on CPU), is
 *unverified*: with ``verify: {mode: unverified}`` (the default) the partition holding it
 is compared with eager ATen on its first call (arbiter/run/first_use.py).
 
@@ -53,6 +55,7 @@ def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
     order, each once. ``symbolic``: the backend compiles ``gm`` once for every size."""
     owner = manifest_owner(backend)
     manifest = owner.manifest()
+    stale = other_versions(owner, manifest)
     found: dict[tuple[str, str], Unverified] = {}
     memo: dict = {}
     for node in _compute_nodes(gm.graph.nodes):
@@ -64,12 +67,17 @@ def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
             found.setdefault((name, ""), Unverified(
                 name, "", f"not in the {owner.name} manifest (a pattern's node)"))
             continue
+        devices = {d.device for d in descs if d.device}
+        why_not = stale or (manifest.probe is not None and devices - {manifest.probe.device}
+                            and f"probed on {manifest.probe.device}, this runs on "
+                                f"{', '.join(sorted(devices))}")
         probed = {_dtype_name(d) for d in entry.probed_dtypes or ()} \
-            if entry.verified == "probed" else set()
+            if entry.verified == "probed" and not why_not else set()
         for dt in dtypes:
             if dt in probed:
                 continue
-            why = (f"verified: {entry.verified}" if not probed
+            why = (why_not if why_not and entry.verified == "probed"
+                   else f"verified: {entry.verified}" if not probed
                    else f"probed in {', '.join(sorted(probed))} only")
             found.setdefault((name, dt), Unverified(name, dt, why))
         if symbolic and not entry.dynamic and any(d.symbolic for d in descs):
@@ -77,6 +85,26 @@ def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
             found.setdefault((name, dt + ":dynamic"), Unverified(
                 name, dt, "not probed with symbolic shapes"))
     return list(found.values())
+
+
+def other_versions(backend: Any, manifest: Any) -> str:
+    """Why ``manifest``'s probe results were found with other software than this
+    process runs (another torch release, another backend version), or ``""``."""
+    from ..manifest import other_torch, release
+
+    probe = manifest.probe
+    if probe is None:
+        return ""
+    why = other_torch(manifest)
+    if why:
+        return why
+    try:
+        version = str(backend.version())
+    except Exception as exc:  # noqa: BLE001 - a version we cannot read is not the probe's
+        return f"probed with {probe.backend_version}; this version unreadable ({exc})"
+    if release(version) != release(probe.backend_version):  # `+cpu` / `+cu130`: one release
+        return f"probed with {probe.backend_version}, this is {version}"
+    return ""
 
 
 def principal_dtype(node: torch.fx.Node) -> str:

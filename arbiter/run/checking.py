@@ -17,7 +17,7 @@ from .call_checks import restore, same_bits, shared_buffers
 from .compiling import compile_lock
 from .first_use import FirstUse, FirstUseCheck
 from .record import PieceRecord
-from .verify import compare
+from .reference import judge_against_float64
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log
 
@@ -120,7 +120,8 @@ class PieceChecks:
                        "caller holds would change")
         expected = list(self.gm(*before))
         if why is None:
-            cmp = compare(expected, list(out), self._tolerances)
+            cmp = judge_against_float64(self.gm, before, expected, list(out),
+                                        self._tolerances)
             if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
                 rec.verify_max_error = cmp.max_error
             if cmp.ok:
