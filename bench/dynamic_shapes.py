@@ -15,7 +15,10 @@ sequence lengths 32, 48, 64, 96, 128. Contenders, each in its own process:
 * ``openvino``: ``openvino.convert_model`` of the whole model, input reshaped to
   ``[4, ?]``, compiled once for CPU (float32, latency hint);
 * ``arbiter_default``, ``arbiter_cpu_all``: ``torch.compile(model, backend=Arbiter(...))``
-  with the shipped configs (automatic dynamic, as a user gets it).
+  with the shipped configs (automatic dynamic, as a user gets it);
+* ``arbiter_only_openvino``, ``arbiter_only_onnxruntime`` (named with ``--contenders``):
+  one backend through arbiter (policy `priority`, eager fallback): what going through
+  arbiter costs that backend here.
 
 The first pass over the lengths is the warm-up: compiles happen there (its time is
 reported). Then rounds interleave the contenders: in each round every worker in turn
@@ -45,6 +48,9 @@ LENGTHS = (32, 48, 64, 96, 128)
 BATCH = 4
 CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino", "arbiter_default",
               "arbiter_cpu_all"]
+#: one backend through arbiter (policy priority), beside that backend alone: not run by
+#: default (``--contenders ... arbiter_only_openvino``)
+EXTRA = ["arbiter_only_openvino", "arbiter_only_onnxruntime"]
 SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 
 
@@ -109,7 +115,14 @@ def _contender(name: str, model, inputs: dict, threads: int):
         import arbiter
         from arbiter.config import load_config
 
-        cfg = load_config(name[len("arbiter_"):]).model_dump(exclude={"source"})
+        rest = name[len("arbiter_"):]
+        if rest.startswith("only_"):  # one backend through arbiter: what going through costs
+            one = rest[len("only_"):]
+            spec = {"name": one, "options": {"precision": "f32", "performance_hint": "LATENCY"}} \
+                if one == "openvino" else one
+            cfg = {"backends": [spec], "fallback": ["eager"], "policy": "priority"}
+        else:
+            cfg = load_config(rest).model_dump(exclude={"source"})
         cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
         be = arbiter.Arbiter(cfg)
         compiled = torch.compile(model, backend=be)
@@ -181,7 +194,7 @@ def _worker(conn, name: str, threads: int):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    ap.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS + EXTRA)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=5, help="cycles over the lengths per round")
     ap.add_argument("--threads", type=int, default=2)
