@@ -67,10 +67,7 @@ def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
             found.setdefault((name, ""), Unverified(
                 name, "", f"not in the {owner.name} manifest (a pattern's node)"))
             continue
-        devices = {d.device for d in descs if d.device}
-        why_not = stale or (manifest.probe is not None and devices - {manifest.probe.device}
-                            and f"probed on {manifest.probe.device}, this runs on "
-                                f"{', '.join(sorted(devices))}")
+        why_not = stale or _other_device(manifest, descs)
         probed = {_dtype_name(d) for d in entry.probed_dtypes or ()} \
             if entry.verified == "probed" and not why_not else set()
         for dt in dtypes:
@@ -85,6 +82,14 @@ def unverified(backend: Any, gm: torch.fx.GraphModule, symbolic: bool = False
             found.setdefault((name, dt + ":dynamic"), Unverified(
                 name, dt, "not probed with symbolic shapes"))
     return list(found.values())
+
+
+def _other_device(manifest: Any, descs: list) -> str:
+    """Why the probe's device is not this node's (``""`` when it is, or no probe ran)."""
+    devices = {d.device for d in descs if d.device}
+    if manifest.probe is None or devices <= {manifest.probe.device}:
+        return ""
+    return f"probed on {manifest.probe.device}, this runs on {', '.join(sorted(devices))}"
 
 
 def other_versions(backend: Any, manifest: Any) -> str:
