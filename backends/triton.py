@@ -22,7 +22,8 @@ import torch.fx
 
 from arbiter.ops import is_getitem, op_name
 from arbiter.plan.pattern_library import PATTERNS
-from arbiter.plan.patterns import Match, compile_pattern, entry_refuses, find_matches
+from arbiter.plan.patterns import (Match, checked, compile_pattern, entry_refuses,
+                                   find_matches)
 from arbiter.plan.capability import value_descs
 from arbiter.registry import Backend, register_backend
 
@@ -77,7 +78,8 @@ class Triton(Backend):
                                  *[o.meta.get("val") for o in m.outputs])
                      for d in value_descs(v)]
             why = (entry_refuses(manifest.pattern_entry(m.pattern), descs)
-                   or PATTERNS[m.pattern].check(m) or self.check_pattern(m.pattern, m))
+                   or checked(PATTERNS[m.pattern].check, m)
+                   or self.check_pattern(m.pattern, m))
             if why is not None:
                 raise TypeError(f"pattern {m.pattern} at {m.nodes[-1].name}: {why}")
         return _rewrite(gm, matches)

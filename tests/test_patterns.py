@@ -133,6 +133,30 @@ def test_the_library_checks_the_literals_it_matched_as_wildcards(kern, fn, why):
     assert all(b == "onnxruntime" for b, _ in plan.as_lists())
 
 
+def test_a_check_that_raises_refuses_the_match_instead_of_failing_the_plan(kern,
+                                                                          monkeypatch):
+    from dataclasses import replace
+
+    from arbiter.plan import pattern_library as lib
+    from arbiter.plan import patterns as P
+
+    def broken(m):
+        raise IndexError("no such node")
+    monkeypatch.setitem(lib.PATTERNS, "scale_mask_softmax",
+                        replace(lib.PATTERNS["scale_mask_softmax"], check=broken))
+    P._compiled.cache_clear()  # the traced patterns keep their check
+    try:
+        kern("scale_mask_softmax: {}\n")
+        plan = plan_of(trace(lambda x, m: torch.softmax(x * 0.125 + m, -1), X, M), ORT)
+    finally:
+        P._compiled.cache_clear()
+    (g,) = plan.patterns
+    assert g.claimed_by == ()
+    assert "its check failed on this match (IndexError: no such node)" in \
+        g.support.refusals["kern"]
+    assert all(b == "onnxruntime" for b, _ in plan.as_lists())
+
+
 def test_exclude_and_pin_of_a_member_op_win_over_the_claim(kern):
     kern("bias_gelu: {}\n")
     gm = trace(relu_gelu_tanh, X, B)

@@ -35,6 +35,8 @@ from ..registry import Backend
 from .capability import CapabilityTable, NodeSupport, dtype_device_refused, value_descs
 from . import pattern_library
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Match:
@@ -170,6 +172,19 @@ def compile_pattern(backend: type[Backend] | Backend, name: str) -> CompiledPatt
     entry = manifest.patterns[name]
     dtypes = tuple(entry.dtypes if entry.dtypes is not None else manifest.defaults.dtypes)
     return _compiled(name, entry.model_dump_json(), dtypes, str(backend.manifest_path()))
+
+
+def checked(check: Optional[Callable[["Match"], Optional[str]]], m: "Match") -> Optional[str]:
+    """A pattern's check on match ``m``: why it is refused, or None. A check that raises
+    refuses the match, saying so (a planning step never fails on a pattern's check)."""
+    if check is None:
+        return None
+    try:
+        return check(m)
+    except Exception as exc:  # noqa: BLE001 - refused, with the reason
+        log.warning("pattern %s: its check failed on the match at %s (%s: %s); refused",
+                    m.pattern, m.nodes[-1].name, type(exc).__name__, exc)
+        return f"its check failed on this match ({type(exc).__name__}: {str(exc)[:160]})"
 
 
 # -- matching ------------------------------------------------------------------------------
@@ -309,7 +324,7 @@ class PatternTable:
                  for d in value_descs(v.meta.get("val"))]
         descs += [d for v in m.outputs for d in value_descs(v.meta.get("val"))]
         cp = self.patterns[m.pattern]
-        literal = cp.check(m) if cp.check is not None else None
+        literal = checked(cp.check, m)
         refusals: dict[str, str] = {}
         claimers: list[str] = []
         for b, name in self.claims:
