@@ -3,6 +3,7 @@ backend in a fresh process, fallbacks at load, refused files, the input check, t
 Tiny models: backends' numbers are tested with ``against_eager: off``."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -424,7 +425,26 @@ def test_fast_dataclasses_equal_torchs(saved):
 
     with zipfile.ZipFile(saved["onnxruntime"]) as z:
         data = json.loads(z.read("program.json"))
-    assert to_dataclass(ExportedProgram, data) == _dict_to_dataclass(ExportedProgram, data)
+    ours, theirs = to_dataclass(ExportedProgram, data), _dict_to_dataclass(ExportedProgram, data)
+    assert ours == theirs
+
+    def same_state(a, b):  # unions compare by tag and value: their whole state too
+        assert type(a) is type(b)
+        if dataclasses.is_dataclass(a):
+            assert vars(a).keys() == vars(b).keys()
+            assert getattr(a, "_type", None) == getattr(b, "_type", None)
+            for k in vars(a):
+                if k != "_type":
+                    same_state(vars(a)[k], vars(b)[k])
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                same_state(x, y)
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                same_state(a[k], b[k])
+    same_state(ours, theirs)
 
 
 def test_dtype_asserts_do_not_split_the_plan(tmp_path):
