@@ -353,11 +353,17 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
             raise located.error(("patterns", name, "inputs"), "a pattern given by "
                                 "`function` needs `inputs`: the shape of each argument it "
                                 "is traced with", ManifestError)
+    gone: list[str] = []
     for i, name in enumerate(manifest.decompositions):
         try:
             resolve(name)
         except UnknownOpError as exc:
-            raise located.error(("decompositions", i), str(exc), ManifestError) from None
+            if not other_torch(manifest):
+                raise located.error(("decompositions", i), str(exc), ManifestError) from None
+            gone.append(name)
+    if gone:
+        manifest.decompositions = [n for n in manifest.decompositions if n not in gone]
+        unknown += gone
     if unknown:
         # written with another torch: its ops are that torch's, and an op this one lacks
         # cannot be in a graph here (a typo in a manifest of this torch stays an error)
@@ -365,7 +371,7 @@ def _validate(located: Located, backend: Optional[str]) -> Manifest:
                     "with torch %s): %s", located.file, len(unknown), torch.__version__,
                     manifest.probe.torch, ", ".join(unknown))
         for name in unknown:
-            del manifest.ops[name]
+            manifest.ops.pop(name, None)
     return manifest
 
 

@@ -227,12 +227,14 @@ def test_yaml_level_manifest_errors_are_manifest_errors(text):
 def test_an_op_unknown_to_this_torch_is_left_out_of_a_manifest_probed_with_another(caplog):
     probe = "probe: {date: '2026-11-26', torch: %s, backend_version: x}\n"
     text = ("backend: x\nops:\n  aten.relu.default: {}\n"
-            "  aten.not_an_op_here.default: {}\n")
+            "  aten.not_an_op_here.default: {}\n"
+            "decompositions: [aten.not_an_op_here, aten.gelu]\n")
     with caplog.at_level("WARNING", logger="arbiter.manifest"):
         m = parse_manifest(text + probe % "'2.1.0'", "old.yaml")
-    assert set(m.ops) == {"aten.relu.default"}
-    assert "old.yaml: 1 op(s) unknown to torch" in caplog.text
-    assert "probed with torch 2.1.0): aten.not_an_op_here.default" in caplog.text
+    assert set(m.ops) == {"aten.relu.default"} and m.decompositions == ["aten.gelu"]
+    assert "old.yaml: 2 op(s) unknown to torch" in caplog.text
+    assert "probed with torch 2.1.0): aten.not_an_op_here.default, aten.not_an_op_here" \
+        in caplog.text
     # probed with this torch (or not probed): a name it does not know is an error
     for tail in (probe % f"'{torch.__version__}'", ""):
         with pytest.raises(ManifestError, match="unknown op 'aten.not_an_op_here.default'"):
