@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..manifest import other_torch, release
 from ..ops import is_getitem, op_name, produces_tensor
 from .capability import tensor_descs
 
@@ -95,8 +96,6 @@ def _other_device(manifest: Any, descs: list) -> str:
 def other_versions(backend: Any, manifest: Any) -> str:
     """Why ``manifest``'s probe results were found with other software than this
     process runs (another torch release, another backend version), or ``""``."""
-    from ..manifest import other_torch, release
-
     probe = manifest.probe
     if probe is None:
         return ""
