@@ -42,6 +42,7 @@ from .safe_program import from_bytes
 from .shared import SharedWeights, with_shared
 from .saving import versions
 from .signature import Signature
+from .tensor_file import tensors
 from .tracing import aten_graph
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,8 @@ class Loader:
         try:
             files = {p["id"]: pool.submit(self._files, p) for p in self.parts
                      if not p["inline"] and self._refused(p) is None}
-            weights = _tensors(ar.read("weights.safetensors"),
-                               f"{self.path}: weights.safetensors")
+            weights = tensors(ar.read_buffer("weights.safetensors"),
+                              f"{self.path}: weights.safetensors")
             self.shared = SharedWeights(weights, self.path)
             # the transposed weights the artifacts take, made in the thread meanwhile
             made = pool.submit(self.shared.prefetch, ar.manifest.get("shared_weights"))
