@@ -18,7 +18,10 @@ sequence lengths 32, 48, 64, 96, 128. Contenders, each in its own process:
   with the shipped configs (automatic dynamic, as a user gets it);
 * ``arbiter_only_openvino``, ``arbiter_only_onnxruntime`` (named with ``--contenders``):
   one backend through arbiter (policy `priority`, eager fallback): what going through
-  arbiter costs that backend here.
+  arbiter costs that backend here;
+* ``arbiter_export_default``, ``arbiter_export_cpu_all`` (named with ``--contenders``):
+  ``arbiter.export`` of the model with the sequence dimension symbolic (2..512), the
+  same config: arbiter's placement without Dynamo's per-call cost (docs/deploy.md).
 
 The first pass over the lengths is the warm-up: compiles happen there (its time is
 reported). Then rounds interleave the contenders: in each round every worker in turn
@@ -50,7 +53,8 @@ CONTENDERS = ["eager", "inductor", "onnxruntime", "openvino", "arbiter_default",
               "arbiter_cpu_all"]
 #: one backend through arbiter (policy priority), beside that backend alone: not run by
 #: default (``--contenders ... arbiter_only_openvino``)
-EXTRA = ["arbiter_only_openvino", "arbiter_only_onnxruntime"]
+EXTRA = ["arbiter_only_openvino", "arbiter_only_onnxruntime", "arbiter_export_default",
+         "arbiter_export_cpu_all"]
 SINGLE = ["eager", "inductor", "onnxruntime", "openvino"]
 
 
@@ -116,6 +120,14 @@ def _contender(name: str, model, inputs: dict, threads: int):
         from arbiter.config import load_config
 
         rest = name[len("arbiter_"):]
+        if rest.startswith("export_"):  # no Dynamo: one symbolic program from torch.export
+            from torch.export import Dim
+
+            cfg = load_config(rest[len("export_"):]).model_dump(exclude={"source"})
+            cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
+            program = arbiter.export(model, (inputs[LENGTHS[0]],), config=cfg,
+                                     dynamic_shapes=({1: Dim("seq", min=2, max=512)},))
+            return (lambda n: program(inputs[n])), (lambda: program.report().summary())
         if rest.startswith("only_"):  # one backend through arbiter: what going through costs
             one = rest[len("only_"):]
             spec = {"name": one, "options": {"precision": "f32", "performance_hint": "LATENCY"}} \

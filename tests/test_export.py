@@ -297,6 +297,14 @@ def test_weights_are_saved_once(saved, tmp_path):
     refs = m["plan"]["partitions"][0]["artifact"]["entry"]["shared_initializers"]
     assert sorted(refs.values()) == ["t:p:fc1.weight", "t:p:fc2.weight", "t:p:fc3.weight"]
     assert m["shared_weights"] == sorted(refs.values())  # what a load transposes ahead
+    # taken only transposed: stored transposed, so a load gives them without a copy
+    assert m["stored_transposed"] == ["p:fc1.weight", "p:fc2.weight", "p:fc3.weight"]
+    with zipfile.ZipFile(src) as z:
+        from safetensors.torch import load as st_load
+
+        stored = st_load(z.read("weights.safetensors"))
+    model_, _ = mlp()
+    assert torch.equal(stored["p:fc1.weight"], model_.fc1.weight.detach().t())
     big = [i.name for i in model.graph.initializer if len(i.raw_data) >= 4096]
     assert big == [] and all(i.data_location == onnx.TensorProto.EXTERNAL
                              for i in model.graph.initializer if i.name in refs)
@@ -313,9 +321,19 @@ def test_weights_are_saved_once(saved, tmp_path):
     part = loaded.report().deployed.partitions[0]
     assert part.loaded == "pending" and "refers to weight 'p:gone'" in part.reason
     x = torch.randn(5, 32)
-    model_, _ = mlp()
     with torch.no_grad():
         assert torch.allclose(loaded(x), model_(x), atol=1e-5)
+
+    def unlisted(name: str, b: bytes) -> bytes:
+        if name != "manifest.json":
+            return b
+        m = json.loads(b)
+        m["stored_transposed"] = ["p:fc1.bias"]
+        return json.dumps(m).encode()
+    _rewrite(src, tmp_path / "bad.arbiter", unlisted)
+    with pytest.raises(ArbiterError, match="stored_transposed names 'p:fc1.bias', which is "
+                                           "not a matrix"):
+        arbiter.load(tmp_path / "bad.arbiter")
 
 
 def test_artifact_and_zip_layout_are_checked(saved, tmp_path):
@@ -562,3 +580,31 @@ def test_gpt2_symbolic_sequence(tmp_path):
         ids = torch.randint(0, 1000, (1, n))
         with torch.no_grad():
             assert (loaded(ids) - model(ids)).abs().max() < 1e-4
+
+
+def test_a_version_2_file_loads(saved, tmp_path):
+    """A file of format version 2 (every weight stored as the ATen program holds it; the
+    transposes made at load) still loads and equals eager."""
+    from safetensors.torch import load as st_load, save as st_save
+
+    from arbiter.cli.examples import mlp
+
+    with zipfile.ZipFile(saved["onnxruntime"]) as z:
+        m = json.loads(z.read("manifest.json"))
+        weights = st_load(z.read("weights.safetensors"))
+    flipped = m.pop("stored_transposed")
+    assert flipped
+    old = st_save({k: v.t().contiguous() if k in flipped else v for k, v in weights.items()})
+    m["format_version"] = 2
+    m["files"]["weights.safetensors"] = {"size": len(old),
+                                         "sha256": hashlib.sha256(old).hexdigest()}
+    _rewrite(saved["onnxruntime"], tmp_path / "v2.arbiter",
+             lambda n, b: json.dumps(m).encode() if n == "manifest.json" else
+             old if n == "weights.safetensors" else b)
+    loaded = arbiter.load(tmp_path / "v2.arbiter")
+    assert loaded.deployed.check == "passed"
+    model, _ = mlp()
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), model(x), atol=1e-5)
+    assert loaded.report().deployed.partitions[0].loaded == "saved artifact"

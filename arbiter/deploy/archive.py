@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 from ..errors import ArbiterError
 
 FORMAT = "arbiter-program"
-#: 2: an artifact may refer to the program's weights instead of holding them (shared.py)
-FORMAT_VERSION = 2
+#: 2: an artifact may refer to the program's weights instead of holding them (shared.py);
+#: 3: a weight the artifacts take only transposed is stored transposed (saving.py)
+FORMAT_VERSION = 3
 #: the versions this arbiter reads (1: every artifact holds its own weights)
-READS = (1, 2)
+READS = (1, 2, 3)
 MANIFEST = "manifest.json"
 MAX_MANIFEST = 64 * 1024 * 1024
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature ... name, extra lengths

@@ -152,10 +152,12 @@ class Loader:
         try:
             files = {p["id"]: pool.submit(self._files, p) for p in self.parts
                      if not p["inline"] and self._refused(p) is None}
-            weights = tensors(ar.read_buffer("weights.safetensors"),
-                              f"{self.path}: weights.safetensors")
+            weights = _untransposed(tensors(ar.read_buffer("weights.safetensors"),
+                                            f"{self.path}: weights.safetensors"),
+                                    ar.manifest.get("stored_transposed", []), self.path)
             self.shared = SharedWeights(weights, self.path)
-            # the transposed weights the artifacts take, made in the thread meanwhile
+            # the transposed weights the artifacts take (views where stored transposed,
+            # copies made in the thread meanwhile for a version 2 file)
             made = pool.submit(self.shared.prefetch, ar.manifest.get("shared_weights"))
             ep = from_bytes(ar.read("program.json"), weights, f"{self.path}: program.json")
             self.graph = aten_graph(ep)
@@ -293,6 +295,21 @@ class Loader:
         program = Program(fn, self.signature, self.graph.weights,
                           lambda: loaded_report(saved, records, deployed), deployed=deployed)
         return program, self.build
+
+
+def _untransposed(weights: dict[str, torch.Tensor], keys: Any, path: str
+                  ) -> dict[str, torch.Tensor]:
+    """``weights`` with each matrix ``keys`` names (stored transposed: saving.py) as a
+    transposed view of what was stored: the ATen program's layout, no copy."""
+    if not isinstance(keys, list):
+        raise ArbiterError(f"{path}: manifest.json's stored_transposed is not a list")
+    for k in keys:
+        w = weights.get(k) if isinstance(k, str) else None
+        if w is None or w.dim() != 2:
+            raise ArbiterError(f"{path}: manifest.json's stored_transposed names {k!r}, "
+                               "which is not a matrix of weights.safetensors")
+        weights[k] = w.t()
+    return weights
 
 
 def _checked_parts(parts: Any) -> list[dict]:

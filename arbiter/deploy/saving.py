@@ -2,7 +2,8 @@
 
 * ``program.json`` + ``weights.safetensors``: the whole decomposed ATen program
   (safe_program.py): what eager runs, the inline partitions, and every partition's ATen
-  graph for the fallback chain;
+  graph for the fallback chain; a matrix the artifacts take only transposed is stored
+  transposed (``stored_transposed`` in the manifest; shared.py);
 * ``samples.safetensors``: the example inputs and the program's outputs on them (the
   check at load);
 * ``partitions/<id>/...``: each compiled partition in its backend's own form
@@ -24,7 +25,7 @@ from .._version import __version__
 from ..errors import describe
 from .archive import write
 from .safe_program import to_bytes
-from .shared import SharedWeights, with_shared
+from .shared import TRANSPOSED, SharedWeights, with_shared
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
     arb = source.arbiter
     record = source.record
     program_json, weights = to_bytes(source.ep)
-    files = {"program.json": program_json, "weights.safetensors": tensors_bytes(weights)}
+    files = {"program.json": program_json, "weights.safetensors": b""}  # written below
     shared = SharedWeights(weights)
     ins, outs = source.samples
     files["samples.safetensors"] = tensors_bytes(
@@ -95,6 +96,12 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
                 else:
                     entry["not_saved"] = why or f"{backend.name} has no saved form of it"
         parts.append(entry)
+    # a matrix the artifacts take only transposed is stored transposed (the ATen program
+    # gets a transposed view of it at load): a load then makes no copy of it
+    flipped = sorted(k for k in shared.found if TRANSPOSED + k in shared.refs
+                     and k not in shared.refs and weights[k].dim() == 2)
+    files["weights.safetensors"] = tensors_bytes(
+        {k: v.t() if k in flipped else v for k, v in weights.items()})
     report = program.report()
     config = arb.config.model_dump(mode="json", exclude={"source"})
     manifest = {
@@ -104,6 +111,7 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
         "signature": program.signature.to_json(),
         "plan": {"partitions": parts},
         "shared_weights": sorted(shared.refs),
+        "stored_transposed": flipped,
         "report": report.model_dump(mode="json"),
     }
     write(path, manifest, files)

@@ -8,8 +8,11 @@ the data; at load, ``SharedWeights.get`` gives the tensor back (``Backend.save_a
 ``Backend.load_artifact``: their ``shared`` argument). Matching is by content (dtype,
 shape and every byte: a sha256), never by name. A matrix the export transposed (a
 ``Linear``'s weight folded with its ``t``) is found as the program weight's transpose
-(``"t:"`` before the key), made again at load; any other change (folded, cast) is not
-found and stays in the artifact."""
+(``"t:"`` before the key); a matrix no artifact takes untransposed is then stored
+transposed (saving.py, format version 3), so at load the transpose is the stored tensor
+itself and the ATen program gets a transposed view of it: no copy either way (a file of
+version 2 has its transposes made at load). Any other change (folded, cast) is not found
+and stays in the artifact."""
 from __future__ import annotations
 
 import hashlib
@@ -70,8 +73,9 @@ class SharedWeights:
 
     def prefetch(self, refs: Any) -> None:
         """Make the transposes among ``refs`` (the saved program's list) ahead of ``get``:
-        a load runs this in a thread while it reads the ATen program (a transpose copies
-        the matrix: BERT-base's 76 are 340 MB). Anything unknown is left to ``get``."""
+        a load runs this in a thread while it reads the ATen program (a transpose of a
+        matrix stored untransposed copies it: BERT-base's 76 were 340 MB in version 2
+        files; one stored transposed is a view). Anything unknown is left to ``get``."""
         for ref in refs if isinstance(refs, list) else ():
             if isinstance(ref, str) and ref.startswith(TRANSPOSED) and ref not in self._made:
                 w = self.weights.get(ref.removeprefix(TRANSPOSED))
