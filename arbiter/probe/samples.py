@@ -2,7 +2,8 @@
 
 Graphs from Dynamo and AOTAutograd hold overloads that no OpInfo sample traces to:
 ``pow.Tensor_Scalar`` (only inside ``local_response_norm``), ``div.Scalar`` (from
-decompositions), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of a symbolic length
+decompositions), ``ge.Scalar`` and the other comparisons with a number (OpInfo's
+comparison samples compare tensors), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of a symbolic length
 (GPT-2's positions: OpInfo's ``arange`` samples take no tensor, so nothing varies). A model full of them (GPT-2's
 ``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
 overload directly, with sizes computed from its inputs (a fixed target size would pin
@@ -94,6 +95,9 @@ SAMPLES: dict[str, OpSample] = {s.overload: s for s in (
     OpSample("div.Scalar", aten.div.Scalar, [[(4, 5, 6)], [(3, 7)]], (2.0,)),
     OpSample("mul.Scalar", aten.mul.Scalar, [[(4, 5, 6)]], (0.5,)),
     OpSample("add.Scalar", aten.add.Scalar, [[(4, 5, 6)]], (1.5,)),
+    # comparisons with a number (a mask from positions: transformers' under torch.export)
+    *(OpSample(f"{c}.Scalar", getattr(aten, c).Scalar, [[(4, 5, 6)]], (0.25,))
+      for c in ("ge", "gt", "le", "lt", "eq", "ne")),
     OpSample("_unsafe_view.default", _unsafe_view, [[(4, 5, 6)], [(3, 7, 2)]]),
     # sizes that are ints of the graph (a position index up to the sequence length)
     OpSample("arange.default", _arange, [[(5, 3)]]),
