@@ -335,6 +335,16 @@ def test_weights_are_saved_once(saved, tmp_path):
                                            "not a matrix"):
         arbiter.load(tmp_path / "bad.arbiter")
 
+    def twice(name: str, b: bytes) -> bytes:  # transposed twice: the stored layout again
+        if name != "manifest.json":
+            return b
+        m = json.loads(b)
+        m["stored_transposed"] = ["p:fc1.weight", "p:fc1.weight"]
+        return json.dumps(m).encode()
+    _rewrite(src, tmp_path / "twice.arbiter", twice)
+    with pytest.raises(ArbiterError, match="stored_transposed is not a list of distinct"):
+        arbiter.load(tmp_path / "twice.arbiter")
+
 
 def test_artifact_and_zip_layout_are_checked(saved, tmp_path):
     """The artifacts, read in a thread while the ATen program is read, are refused on a

@@ -301,8 +301,9 @@ def _untransposed(weights: dict[str, torch.Tensor], keys: Any, path: str
                   ) -> dict[str, torch.Tensor]:
     """``weights`` with each matrix ``keys`` names (stored transposed: saving.py) as a
     transposed view of what was stored: the ATen program's layout, no copy."""
-    if not isinstance(keys, list):
-        raise ArbiterError(f"{path}: manifest.json's stored_transposed is not a list")
+    if not isinstance(keys, list) or len(set(map(str, keys))) != len(keys):
+        raise ArbiterError(f"{path}: manifest.json's stored_transposed is not a list of "
+                           "distinct names")
     for k in keys:
         w = weights.get(k) if isinstance(k, str) else None
         if w is None or w.dim() != 2:
