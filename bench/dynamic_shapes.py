@@ -120,14 +120,8 @@ def _contender(name: str, model, inputs: dict, threads: int):
         from arbiter.config import load_config
 
         rest = name[len("arbiter_"):]
-        if rest.startswith("export_"):  # no Dynamo: one symbolic program from torch.export
-            from torch.export import Dim
-
-            cfg = load_config(rest[len("export_"):]).model_dump(exclude={"source"})
-            cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
-            program = arbiter.export(model, (inputs[LENGTHS[0]],), config=cfg,
-                                     dynamic_shapes=({1: Dim("seq", min=2, max=512)},))
-            return (lambda n: program(inputs[n])), (lambda: program.report().summary())
+        exported = rest.startswith("export_")
+        rest = rest.removeprefix("export_")
         if rest.startswith("only_"):  # one backend through arbiter: what going through costs
             one = rest[len("only_"):]
             spec = {"name": one, "options": {"precision": "f32", "performance_hint": "LATENCY"}} \
@@ -136,6 +130,12 @@ def _contender(name: str, model, inputs: dict, threads: int):
         else:
             cfg = load_config(rest).model_dump(exclude={"source"})
         cfg["resources"] = dict(cfg.get("resources") or {}, threads=threads)
+        if exported:  # no Dynamo: one symbolic program from torch.export
+            from torch.export import Dim
+
+            program = arbiter.export(model, (inputs[LENGTHS[0]],), config=cfg,
+                                     dynamic_shapes=({1: Dim("seq", min=2, max=512)},))
+            return (lambda n: program(inputs[n])), (lambda: program.report().summary())
         be = arbiter.Arbiter(cfg)
         compiled = torch.compile(model, backend=be)
 

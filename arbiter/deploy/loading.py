@@ -68,15 +68,6 @@ class Preloaded:
         return self._fn
 
 
-def _tensors(blob: bytes, where: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load
-
-    try:
-        return load(blob)
-    except Exception as exc:  # noqa: BLE001 - a malformed file, said where
-        raise ArbiterError(f"{where}: cannot be read as safetensors ({describe(exc)})") from None
-
-
 def _config(saved: dict, override: ConfigLike, notes: list[str]) -> Config:
     if override is not None:
         return load_config(override)
@@ -382,8 +373,8 @@ def load(path: str | os.PathLike, *, config: ConfigLike = None, native_code: boo
 
 
 def _checked(loader: Loader, program: Program, rebuild: Callable) -> Program:
-    samples = _tensors(loader.archive.read("samples.safetensors"),
-                       f"{loader.path}: samples.safetensors")
+    samples = tensors(loader.archive.read_buffer("samples.safetensors"),
+                      f"{loader.path}: samples.safetensors")
     ins = [samples[f"in.{i}"] for i in range(sum(k.startswith("in.") for k in samples))]
     outs = [samples[f"out.{i}"] for i in range(sum(k.startswith("out.") for k in samples))]
     tol = loader.config.verify.tolerances

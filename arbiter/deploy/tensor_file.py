@@ -70,7 +70,7 @@ def tensors(buf: torch.Tensor, where: str) -> dict[str, torch.Tensor]:
         numel = 1
         for d in shape:
             numel *= d
-        item = torch.empty((), dtype=dtype).element_size()
+        item = dtype.itemsize
         if span[1] - span[0] != numel * item:
             raise bad(f"tensor {name!r}: {span[1] - span[0]} bytes for shape {shape} of "
                       f"{info['dtype']}")
