@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -231,6 +231,7 @@ class Arbiter:
                 "Arbiter instance: its config is fixed when it is made; put the settings in "
                 "Arbiter(config), or use backend=\"arbiter\", which reads options and mode",
                 file="torch.compile(...)", key=sorted(kwargs)[0])
+        called = time.perf_counter()  # measure's bound counts arbiter's trace and planning
         owner = current_owner()  # the compiled model this graph belongs to (its report)
         if not self._resources_applied:
             self.apply_resources(training=torch.is_grad_enabled() and any(
@@ -244,7 +245,8 @@ class Arbiter:
 
         def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
             # the backward graph compiles later, at the first backward: owner kept here
-            return self._compile_graph(graph, kind, constants, owner=owner)
+            return self._compile_graph(graph, kind, constants, owner=owner,
+                                       started=None if kind == "backward" else called)
 
         # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
         # threads running compiled graphs meanwhile (run/isolation.py)
@@ -287,7 +289,10 @@ class Arbiter:
 
     def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
                        constants: dict[torch.fx.Node, torch.Tensor],
-                       owner: Owner = UNKNOWN, guard: bool = True) -> Callable:
+                       owner: Owner = UNKNOWN, guard: bool = True,
+                       started: Optional[float] = None) -> Callable:
+        """``started``: when arbiter began on this graph (before AOTAutograd's trace), for
+        measure's compile bound; else now."""
         start = time.perf_counter()
         if self._split_dropout:  # eager's dropout masks, drawn apart from the data
             split_dropout(gm)
@@ -360,7 +365,8 @@ class Arbiter:
                 self._follow_spin(c.plan)
                 return build(c.plan)
 
-            graph = GraphToMeasure(gm, constants, record, label, build_timed, install)
+            graph = GraphToMeasure(gm, constants, record, label, build_timed, install,
+                                   before_s=time.perf_counter() - (started or start))
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
                                accuracy=acc, per_module=per_module)
         if constants and not self.dry_run and guard:

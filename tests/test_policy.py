@@ -640,3 +640,96 @@ def test_a_third_party_policy_that_measures_has_its_candidates_timed(slow_fast, 
     assert set(out.candidates_ms) == {"priority", "only slow", "only fast"}
     assert all(v is not None for v in out.candidates_ms.values()), out.candidates_ms
     assert out.chosen == "only fast"
+
+
+# -- the compile bound (measure.graph.search_limit; docs/policies.md "Compile bound") -----
+def test_search_limit_keeps_the_first_call_within_twice_the_compiles():
+    from arbiter.measure.graph import SEARCH_FACTOR, SEARCH_MIN_S, search_limit
+
+    # candidates compiled in 20 s (measuring took 22 with the rounds), 6 s of trace and
+    # planning before: the search may go on until 2 x 20 - 6 = 34 s into measuring
+    assert search_limit(22.0, 20.0, 6.0) == SEARCH_FACTOR * 20.0 - 6.0
+    # nothing left: no search (the limit is what measuring has already taken)
+    assert search_limit(30.0, 16.0, 6.0) == 30.0
+    # a graph that compiles in a moment still gets SEARCH_MIN_S of search
+    assert search_limit(1.0, 0.5, 0.2) == 1.0 + SEARCH_MIN_S
+
+
+def _compiling_for(seconds: float, compile=None):
+    def slow_compile(self, gm, example_inputs):
+        time.sleep(seconds)
+        return gm if compile is None else compile(self, gm, example_inputs)
+    return slow_compile
+
+
+def test_mixing_is_not_begun_when_its_probes_would_overrun_the_bound(
+        make_backend, tmp_path, fresh_dynamo, monkeypatch, caplog):
+    """The backends of the mixing test, each compiling in 0.4 s: probing both would take
+    about 0.8 s where the bound leaves 0.3, so no probe is compiled and a whole-graph
+    candidate is chosen (it would win by mixing otherwise: the test above)."""
+    import logging
+
+    from arbiter.measure import graph
+
+    make_backend("sig_slow", MIX_OPS, compile=_compiling_for(0.4, _sleeps_on("sigmoid")))
+    make_backend("tanh_slow", MIX_OPS, compile=_compiling_for(0.4, _sleeps_on("tanh")))
+    _slow_eager(monkeypatch)
+    monkeypatch.setattr(graph, "search_limit", lambda took, compiled, before: took + 0.3)
+    model = Stack().eval()
+    x = torch.randn(4, 16)
+    be = arbiter.Arbiter(_mix_config(tmp_path))
+    with caplog.at_level(logging.INFO, logger="arbiter.measure"):
+        torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+    out = _graph(be).outcome
+    assert out.mix is None and not out.chosen.startswith("mix"), out.candidates_ms
+    assert not any(k.startswith("mix") for k in out.candidates_ms)
+    assert "mixing skipped: probing segments on" in caplog.text
+
+
+def test_refinement_skips_moves_whose_compile_would_overrun_the_bound(
+        make_backend, tmp_path, monkeypatch, fresh_dynamo, caplog):
+    """Refinement's winning move (the `mul` to `fast`, the test above) recompiles the rest
+    of the `slow` partition, which compiles in 0.5 s: with 0.2 s left no move is tried (each
+    is predicted at 0.25 s or more: the nodes left on `slow`, by their share of its
+    whole-graph compile)."""
+    import logging
+
+    from arbiter.measure import graph
+    from arbiter.measure.timing import Timing
+
+    make_backend("slow", OPS, compile=_compiling_for(0.5, _slow))
+    make_backend("fast", OPS)
+    monkeypatch.setattr(Timing, "sample", staticmethod(_synthetic_time))
+    monkeypatch.setattr(graph, "search_limit", lambda took, compiled, before: took + 0.2)
+    be = arbiter.Arbiter(_config(tmp_path))
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.INFO, logger="arbiter.measure"):
+        torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    out = _graph(be).outcome
+    assert not out.chosen.startswith("refine"), out.candidates_ms
+    assert not any(k.startswith("refine") for k in out.candidates_ms)
+    assert "each would compile past the measure budget" in caplog.text
+
+
+def test_a_moves_compile_is_predicted_per_new_partition(slow_fast):
+    from arbiter.measure.refine import MOVE_MIN_SHARE, move_compile_s, steered_plan
+
+    be = arbiter.Arbiter({"backends": ["slow", "fast"], "min_block_size": 1})
+    gm = trace(f, torch.randn(4, 8))
+    cands = {lab: c for c in candidates(be.planner, gm) for lab in c.labels}
+    prio, only_fast = cands["priority"].plan, cands["only fast"].plan
+    total = sum(p.size for p in prio.partitions)
+    took = {"only slow": 2.0, "only fast": 1.0, "only eager": 5.0}
+    assert move_compile_s(prio, prio, took, total) == 0.0  # nothing new to compile
+    assert move_compile_s(only_fast, prio, took, total) == pytest.approx(1.0)
+    # the mul (the first op) to fast: two new partitions, each at least MOVE_MIN_SHARE of
+    # its backend's whole compile
+    mul = next(n.name for n in gm.graph.nodes if "mul" in str(n.target))
+    prefer = {n.name: "slow" for p in prio.partitions for n in p.nodes} | {mul: "fast"}
+    moved = steered_plan(be.planner, gm, prio, prefer)
+    parts = moved.partitions
+    assert sorted((p.backend, p.size) for p in parts) == [("fast", 1), ("slow", total - 1)]
+    assert move_compile_s(moved, prio, took, total) == pytest.approx(sum(
+        took["only " + p.backend] * max(p.size / total, MOVE_MIN_SHARE) for p in parts))
+    # eager (inline) compiles nothing
+    assert move_compile_s(cands["only eager"].plan, prio, took, total, {"eager"}) == 0.0

@@ -51,14 +51,29 @@ from .winner import held, pick, record_outcome
 
 log = logging.getLogger(__name__)
 
-#: The search after the whole-graph candidates (mixing, refinement) stops starting
-#: compiles once the first call has taken this many times what the candidates took
-#: (their compiles, warm-ups and timing rounds: about the sum of the single backends'
-#: compiles): `measure` costs at most about twice that (docs/policies.md).
-SEARCH_FACTOR = 2.0
-#: ... and never less than this many seconds (a graph of milliseconds, whose candidates
-#: compile in a moment, still gets a search).
+#: `measure`'s first call stays within this many times the compiles it needs (the
+#: candidates' compiles and warm-ups through arbiter, 1.1-1.4x the single backends' own
+#: compiles on the zoo: arbiter's export path, first-use checks, eager's warm-up): the
+#: search after the whole-graph candidates (mixing, refinement) starts no compile past
+#: what is left of it (``search_limit``; docs/policies.md, "Compile bound"). So the whole
+#: costs about twice the single backends' compiles.
+SEARCH_FACTOR = 1.5
+#: A graph whose candidates compiled in less than this still gets this much search (a
+#: few seconds, next to a process's own start, on graphs that compile in a moment).
 SEARCH_MIN_S = 5.0
+
+
+def search_limit(took: float, compiled: float, before: float) -> float:
+    """Seconds into measuring past which the search begins nothing: ``SEARCH_FACTOR``
+    times ``compiled`` (the candidates' compiles and warm-ups), less ``before`` (arbiter's
+    work on the graph before its first call: AOTAutograd's trace, planning), so the whole
+    first call stays within the factor; ``took`` (what measuring has taken so far) when
+    nothing is left, and at least ``SEARCH_MIN_S`` of search when the compiles took less
+    than that."""
+    bound = SEARCH_FACTOR * compiled - before
+    if compiled < SEARCH_MIN_S:
+        bound = max(bound, took + SEARCH_MIN_S)
+    return max(took, bound)
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,7 @@ class GraphToMeasure:
     label: str
     build: Build  # candidate -> (stitched callable, records); pieces shared
     install: Callable[[Plan, dict[int, PieceRecord]], None]  # the chosen plan, on the record
+    before_s: float = 0.0  # arbiter's work on it before its first call (trace, planning)
 
 
 class MeasuredGraph:
@@ -246,10 +262,12 @@ class MeasuredGraph:
             self._measure_candidates(order, args)
             if getattr(opts, "mix", False) or opts.refine:
                 took = self._timing.elapsed()
-                self._timing.limit_s = max(SEARCH_FACTOR * took, took + SEARCH_MIN_S)
-                log.info("%s: the whole-graph candidates took %.1f s; mixing and refinement "
-                         "start nothing past %.1f s", self._label, self._timing.elapsed(),
-                         self._timing.budget_s)
+                self._timing.limit_s = search_limit(took, self._timing.compiled_s,
+                                                    self._graph.before_s)
+                log.info("%s: the whole-graph candidates took %.1f s (compiles and warm-ups "
+                         "%.1f s, %.1f s before measuring); mixing and refinement start "
+                         "nothing past %.1f s", self._label, took, self._timing.compiled_s,
+                         self._graph.before_s, self._timing.budget_s)
             if getattr(opts, "mix", False):
                 self._mix(args)
             if opts.refine:

@@ -70,6 +70,16 @@ class Mixer:
             log.info("%s: mixing skipped: fewer than two compiled backends ran the graph "
                      "alone within %.1fx of the fastest", self._label, MIX_SPAN)
             return
+        # the first probes compile about what the two fastest backends' whole graphs did;
+        # a DP with one backend measured keeps that backend, so begin only when both fit
+        need = sum(self._timing.prepare_s.get(ONLY + b, 0.0) for b in backends[:2])
+        elapsed = self._timing.elapsed()
+        if elapsed + need > self._timing.budget_s:
+            log.info("%s: mixing skipped: probing segments on %s (about %.0f s of compiles, "
+                     "as their whole graphs took) would overrun the measure budget (%.0f s "
+                     "spent of %.0f)", self._label, " and ".join(backends[:2]), need,
+                     elapsed, self._timing.budget_s)
+            return
         cut = self._segments()
         if cut is None:
             return

@@ -11,6 +11,7 @@ node's preferred backend first among those able to run it, so acyclicity and
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Optional
 
 import torch.fx
@@ -19,11 +20,17 @@ from ..ops import is_getitem, op_name
 from ..plan.cost import load_table, node_us, plan_ms
 from ..plan.partition import Plan
 from ..plan.planner import Planner
-from ..plan.policy import Candidate, plan_key
+from ..plan.policy import ONLY, Candidate, plan_key
 from ..plan.support import FixedSupport, Preferred
 from .timing import Timing
 
 log = logging.getLogger(__name__)
+
+#: A partition a move makes compiles in at least this share of its backend's whole-graph
+#: compile: an export and a session or compiled model each (DistilBERT on 2 cores, a move
+#: cutting it into 13 partitions: each took 12-28% of ONNX Runtime's whole-graph compile,
+#: 29-38% of OpenVINO's; 21 s in all, where the nodes' shares alone predicted 12).
+MOVE_MIN_SHARE = 0.25
 
 #: A refinement step is kept only when it beats the best so far by more than this.
 REFINE_MARGIN = 0.03
@@ -63,6 +70,8 @@ class Refiner:
         seen = {plan_key(c.plan) for c in self._candidates}
         patience = getattr(timing.options, "refine_patience", 0)
         misses = 0
+        total = sum(p.size for p in best.plan.partitions) or 1
+        unaffordable = 0
         for part in sorted(best.plan.partitions, key=lambda p: -p.size):
             compute = [n for n in part.nodes if not is_getitem(n)]
             if not compute:
@@ -85,6 +94,15 @@ class Refiner:
                     if key in seen:
                         continue
                     seen.add(key)
+                    # a compile under way is never interrupted: one predicted to overrun
+                    # the budget is not begun
+                    need = move_compile_s(plan, best.plan, timing.prepare_s, total,
+                                          self._planner.inline)
+                    log.debug("%s: %s: %d partitions, predicted compile %.1f s", self._label,
+                              what, len(plan.partitions), need)
+                    if elapsed + need > timing.budget_s:
+                        unaffordable += 1
+                        continue
                     cand = Candidate(f"refine: {what} of a {part.backend} partition (first "
                                      f"{compute[0].name}) to {backend}", plan,
                                      plan_ms(plan, self._planner.inline), steer=trial)
@@ -102,6 +120,25 @@ class Refiner:
                         log.info("%s: refinement stopped after %d moves in a row that did "
                                  "not win (measure.refine_patience)", self._label, misses)
                         return
+        if unaffordable:
+            log.info("%s: refinement left %d move(s) untried: each would compile past the "
+                     "measure budget (%.0f s)", self._label, unaffordable, timing.budget_s)
+
+
+def move_compile_s(plan: Plan, best: Plan, prepare_s: dict[str, float], total: int,
+                   inline: Collection[str] = ()) -> float:
+    """What building ``plan`` compiles, predicted from each backend's whole-graph compile
+    (``prepare_s``, by ``only`` label): each partition not in ``best`` costs its share of
+    the nodes of that compile, and at least ``MOVE_MIN_SHARE`` of it (an export and a
+    session or compiled model per partition: a move that cuts a partition into many
+    compiles that many times); partitions of ``inline`` backends (eager) compile nothing."""
+    have = {(p.backend, tuple(n.name for n in p.nodes)) for p in best.partitions}
+    need = 0.0
+    for p in plan.partitions:
+        if p.backend in inline or (p.backend, tuple(n.name for n in p.nodes)) in have:
+            continue
+        need += prepare_s.get(ONLY + p.backend, 0.0) * max(p.size / total, MOVE_MIN_SHARE)
+    return need
 
 
 def _moves(backend: str, nodes: list[torch.fx.Node],

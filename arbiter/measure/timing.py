@@ -18,10 +18,11 @@ the candidate (``measured_ms``, ``spread_ms``). What it decides:
 * **margins**: a challenger (a refinement step, the mixed candidate) beats the best so far
   only when faster by more than a margin twice (``beats``);
 * **the budget**: ``time_budget_s`` from ``begin``, lowered by ``limit_s`` (the search
-  after the whole-graph candidates may take as long again as they took: ``SEARCH_FACTOR``
-  in graph.py), and the progress line on stderr;
-* **compile times**: each candidate's compile and warm-up (``prepare_s``), from which
-  the search predicts what a probe on a backend will cost before starting it.
+  after the whole-graph candidates gets what is left of ``SEARCH_FACTOR`` times their
+  compiles: ``search_limit`` in graph.py), and the progress line on stderr;
+* **compile times**: each candidate's compile and warm-up (``prepare_s``; their sum,
+  ``compiled_s``), from which the search predicts what a probe or a move on a backend
+  will cost before starting it.
 
 Each timed piece's own time is kept per partition (``part_ms``: (backend, node names) ->
 median ms), for the report's per-partition times.
@@ -82,6 +83,7 @@ class Timing:
         self.part_ms: dict[PartKey, float] = {}
         self.rounds_done = 0
         self.prepare_s: dict[str, float] = {}  # label -> seconds of compile and warm-up
+        self.compiled_s = 0.0  # the candidates' compiles and warm-ups, each counted once
         self.limit_s: Optional[float] = None  # lowers time_budget_s (the search's share)
         self.confident: Optional[bool] = None  # the winner apart from every other
         self._start = time.perf_counter()
@@ -130,8 +132,10 @@ class Timing:
         # a sample of at least SAMPLE_S: a single call of a microsecond graph is noise
         inner = max(1, min(MAX_INNER, int(SAMPLE_S / max(once, 1e-9))))
         self.ready[cand.label] = Ready(fn, pieces_of(fn), inner)
+        took = time.perf_counter() - start
+        self.compiled_s += took
         for label in cand.labels:
-            self.prepare_s[label] = time.perf_counter() - start
+            self.prepare_s[label] = took
         self.samples.setdefault(cand.label, [])
 
     def tried(self, cand: Candidate, run: Callable[[], None]) -> bool:
