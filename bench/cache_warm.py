@@ -1,16 +1,22 @@
 """Cold vs warm compile with the persistent cache, in two fresh processes.
 
     .venv/bin/python bench/cache_warm.py [--models gpt2_tiny] [--policies priority measure]
+    .venv/bin/python bench/cache_warm.py --config default cpu_all --models bert_base resnet50
+    .venv/bin/python bench/cache_warm.py --config cpu_all --policies measure --models distilbert
 
-For each (model, policy): a new empty cache directory; process 1 compiles and runs the
-model once (cold), process 2 does the same with the same cache (warm). "Compile" is the
-first call of the compiled model (Dynamo, AOTAutograd, planning, every piece's compile
+For each (model, config, policy): a new empty cache directory; process 1 compiles and runs
+the model once (cold), process 2 does the same with the same cache (warm). "Compile" is
+the first call of the compiled model (Dynamo, AOTAutograd, planning, every piece's compile
 and, under `measure`, the timing of the candidates), minus one eager call; "arbiter's
 part" leaves out Dynamo's tracing (which no cache of ours can skip): the time in the
 backend call (AOTAutograd, planning) plus the first call of what it returned (piece
 compiles, measuring), less one eager run. Inductor's own
 caches are pointed into the same fresh directory (TORCHINDUCTOR_CACHE_DIR), so the cold
-process is cold for Inductor too. Target (issue 4): warm <= 10% of cold.
+process is cold for Inductor too. Models: the zoo's (``arbiter.cli.examples.ZOO``) or the
+examples'. ``--config``: shipped configs or YAML paths (default: ``backends: [onnxruntime,
+inductor]``); ``--policies``: ``config`` keeps the config's own. "same placement": the
+warm process's partitions (backend and node count of each, every graph) equal the cold
+one's. Target: warm <= 10% of cold.
 """
 from __future__ import annotations
 
@@ -23,21 +29,35 @@ import tempfile
 import time
 
 
-def worker(model_name: str, policy: str) -> None:
+def _config(config: str, policy: str) -> dict:
+    """The run's config: a shipped one or a YAML path (``-``: the historical
+    ``backends: [onnxruntime, inductor]``), its policy replaced unless ``config``."""
+    if config == "-":
+        cfg: dict = {"backends": ["onnxruntime", "inductor"]}
+    else:
+        from arbiter.config import load_config
+
+        cfg = load_config(config).model_dump(exclude={"source"}, exclude_unset=False)
+    if policy != "config":
+        cfg["policy"] = policy
+    return cfg
+
+
+def worker(model_name: str, config: str, policy: str) -> None:
     import torch
 
     import arbiter
-    from arbiter.cli.examples import EXAMPLES
+    from arbiter.cli.examples import EXAMPLES, ZOO
 
     torch.set_num_threads(2)
-    model, inputs = EXAMPLES[model_name]()
+    model, inputs = (ZOO.get(model_name) or EXAMPLES[model_name])()
     model.eval()
     with torch.no_grad():
         model(*inputs)  # the first eager call pays one-time set-up; time the second
         t0 = time.perf_counter()
         ref = model(*inputs)
         eager_s = time.perf_counter() - t0
-        be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "policy": policy})
+        be = arbiter.Arbiter(_config(config, policy))
         spent = [0.0]
 
         def backend(gm, example_inputs):
@@ -64,43 +84,67 @@ def worker(model_name: str, policy: str) -> None:
         first = time.perf_counter() - t0
     err = (out - ref).abs().max().item() if isinstance(out, torch.Tensor) else None
     outcome = be.graphs[0].outcome
+    placement = [[(p.backend, p.size) for p in g.plan.partitions] for g in be.graphs]
     print(json.dumps({"compile_s": first - eager_s, "backend_s": spent[0],
                       "hits": be.cache.hits if be.cache else 0,
-                      "chosen": outcome.chosen or "priority", "max_err": err}))
+                      "chosen": outcome.chosen or outcome.policy, "max_err": err,
+                      "placement": placement, "policy": outcome.policy}))
 
 
-def run(model: str, policy: str, cache_dir: str) -> dict:
+def run(model: str, config: str, policy: str, cache_dir: str) -> dict:
     env = dict(os.environ, ARBITER_CACHE_DIR=cache_dir,
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir, "inductor"))
-    out = subprocess.run([sys.executable, __file__, "--worker", model, policy], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, __file__, "--worker", model, config, policy],
+                         env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{model} {config} {policy}: the worker failed:\n"
+                         f"{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _where(placement: list) -> str:
+    """``onnxruntime 246`` per graph (backend and nodes of each partition)."""
+    return "; ".join(", ".join(f"{b} {n}" for b, n in g) for g in placement)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=["gpt2_tiny"])
-    ap.add_argument("--policies", nargs="*", default=["priority", "measure"])
-    ap.add_argument("--worker", nargs=2, metavar=("MODEL", "POLICY"))
+    ap.add_argument("--config", nargs="*", default=["-"],
+                    help="shipped configs or YAML paths (default: backends onnxruntime, "
+                         "inductor)")
+    ap.add_argument("--policies", nargs="*", default=None,
+                    help="policies to run each config under; `config`: its own (default: "
+                         "priority and measure without --config, else `config`)")
+    ap.add_argument("--worker", nargs=3, metavar=("MODEL", "CONFIG", "POLICY"))
     args = ap.parse_args()
     if args.worker:
         worker(*args.worker)
         return 0
-    load = os.getloadavg()[0]
-    print(f"load average {load:.2f} (2 cores, shared: timings are noisy)")
-    print("| model | policy | first call cold s | warm s | warm/cold | arbiter's part cold s | "
-          "warm s | warm/cold | cache hits (warm) | chosen | max err |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    policies = args.policies or (["priority", "measure"] if args.config == ["-"]
+                                 else ["config"])
+    load = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"{started}; load average {load[0]:.2f} at the start (2 cores: timings are noisy)")
+    print("| model | config | policy | first call cold s | warm s | warm/cold | arbiter's part "
+          "cold s | warm s | warm/cold | cache hits (warm) | chosen | same placement | "
+          "placement | max err |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|")
     for model in args.models:
-        for policy in args.policies:
-            with tempfile.TemporaryDirectory(prefix="arbiter-cache-") as d:
-                cold = run(model, policy, d)
-                warm = run(model, policy, d)
-            print(f"| {model} | {policy} | {cold['compile_s']:.2f} | {warm['compile_s']:.2f} | "
-                  f"{warm['compile_s'] / cold['compile_s']:.1%} | {cold['backend_s']:.2f} | "
-                  f"{warm['backend_s']:.2f} | {warm['backend_s'] / cold['backend_s']:.1%} | "
-                  f"{warm['hits']} | "
-                  f"{warm['chosen']} | {warm['max_err']:.1e} |", flush=True)
+        for config in args.config:
+            for policy in policies:
+                with tempfile.TemporaryDirectory(prefix="arbiter-cache-") as d:
+                    cold = run(model, config, policy, d)
+                    warm = run(model, config, policy, d)
+                same = "yes" if cold["placement"] == warm["placement"] else \
+                    f"**no** (cold: {_where(cold['placement'])})"
+                print(f"| {model} | {'' if config == '-' else config} | {warm['policy']} | "
+                      f"{cold['compile_s']:.2f} | {warm['compile_s']:.2f} | "
+                      f"{warm['compile_s'] / cold['compile_s']:.1%} | {cold['backend_s']:.2f} | "
+                      f"{warm['backend_s']:.2f} | {warm['backend_s'] / cold['backend_s']:.1%} | "
+                      f"{warm['hits']} | {warm['chosen']} | {same} | "
+                      f"{_where(warm['placement'])} | {warm['max_err']:.1e} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 

@@ -3,8 +3,11 @@
     .venv/bin/python bench/zoo.py                                  # the full zoo (~35 min on 2 cores)
     .venv/bin/python bench/zoo.py --models mlp t5_small_encoder --rounds 3   # a smoke run
 
-A fresh arbiter cache directory is used for each run unless ``ARBITER_CACHE_DIR`` is set
-(the default cache would replay decisions and ONNX models of earlier runs).
+Every contender compiles cold: each (model, contender) worker gets its own empty arbiter
+cache and Inductor cache (``TORCHINDUCTOR_CACHE_DIR``) under the run's directory (a fresh
+temporary one unless ``ARBITER_CACHE_DIR`` names it), so no contender's compile is served
+by another's or by an earlier run's; the calibration, measured once, is the one thing
+they share (a file in the run's directory).
 
 Models come from ``arbiter.cli.examples.ZOO`` (transformers configs, seeded random weights, so
 every process builds the same model and inputs; eval mode, batch 1, float32). Contenders:
@@ -17,8 +20,8 @@ every process builds the same model and inputs; eval mode, batch 1, float32). Co
   float32, ``--threads`` threads, latency hint;
 * ``arbiter_cpu_all``, ``arbiter_default``: ``backend="arbiter"`` with the shipped configs
   (policy ``calibrated``: the machine's calibration is measured once before the first
-  model, in the run's cache, and its own cost reported; unless ``$ARBITER_CALIBRATION``
-  pins one); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
+  model into a file every arbiter contender reads, and its own cost reported; unless
+  ``$ARBITER_CALIBRATION`` pins one); ``arbiter_measure``: cpu_all's backends with ``policy: measure``.
 * not in the default run (``--contenders``): ``openvino_bf16`` (OpenVINO alone, bf16
   hint), ``arbiter_accuracy`` and ``arbiter_measure_accuracy`` (cpu_all, priority or
   measure, with ``accuracy:`` from ``--atol``, ``--max-rel-norm``, ``--topk-agreement``,
@@ -166,10 +169,14 @@ def fresh_errors(model, fn_on, args, n: int) -> str:
             f"{agree}/{rows}")
 
 
-def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_s: float):
+def _worker(conn, model_name: str, contender: str, threads: int, measure_budget_s: float,
+            cache_dir: str):
     import logging
     import warnings
 
+    # this contender's own caches, empty: its compile is cold (set before torch imports)
+    os.environ["ARBITER_CACHE_DIR"] = cache_dir
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_dir, "inductor")
     import torch
 
     warnings.simplefilter("ignore")
@@ -247,8 +254,10 @@ class Contender:
         self.model, self.name = model, name
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        cache_dir = os.path.join(os.environ["ARBITER_CACHE_DIR"], model, name)
+        os.makedirs(cache_dir, exist_ok=True)
         self.proc = ctx.Process(target=_worker, args=(child, model, name, args.threads,
-                                                      args.measure_budget),
+                                                      args.measure_budget, cache_dir),
                                 daemon=True)
         self.status = "ok"
         self.error = ""
@@ -400,7 +409,8 @@ def render(results: dict[str, list[Contender]], args, started: str, load0, load1
         "median = median of the per-round medians (ms); spread = min-max of the round "
         "medians; vs eager = eager median / contender median (above 1 is faster); max err "
         "= max |out - eager out| over the first two calls; compile = export/compile + "
-        "the first call (s).",
+        "the first call (s), cold: each contender in its own empty arbiter and Inductor "
+        "caches.",
         "",
     ]
     for model, cs in results.items():
@@ -442,26 +452,30 @@ be.apply_resources()
 load = os.getloadavg()[0]
 t0 = time.perf_counter()
 cal = Calibrations(be.planner, be.cache, budget_s=None, progress=False)
-cal.measured()
+from arbiter.measure.calibration import write_file
+write_file(sys.argv[2], cal.measured(), be.backends)
 print(f"{time.perf_counter() - t0:.1f} {load:.2f} {cal.source}")
 """
 
 
 def calibrate(threads: int) -> str:
-    """Policy `calibrated`'s calibration of this machine, measured once into the run's
-    cache (the arbiter contenders read it there); a line saying what it cost."""
+    """Policy `calibrated`'s calibration of this machine, measured once into a file in
+    the run's directory, which ``$ARBITER_CALIBRATION`` then names for every arbiter
+    contender; a line saying what it cost."""
     import subprocess
 
     if os.environ.get("ARBITER_CALIBRATION"):
         return f"Calibration: pinned by $ARBITER_CALIBRATION={os.environ['ARBITER_CALIBRATION']}."
-    log("calibrating this machine (policy `calibrated`; once, into the run's cache)")
-    proc = subprocess.run([sys.executable, "-c", _CALIBRATE, str(threads)],
+    log("calibrating this machine (policy `calibrated`; once, into the run's directory)")
+    path = os.path.join(os.environ["ARBITER_CACHE_DIR"], "calibration.json")
+    proc = subprocess.run([sys.executable, "-c", _CALIBRATE, str(threads), path],
                           capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         log(f"calibration failed: {proc.stderr[-1000:]}")
         return "Calibration: failed (the contenders measure it on first need)."
     took, load, source = proc.stdout.split()[-3:]
-    log(f"calibration: {took} s at load {load} ({source})")
+    os.environ["ARBITER_CALIBRATION"] = path
+    log(f"calibration: {took} s at load {load} ({source}), written to {path}")
     return (f"Calibration (policy `calibrated`, once per machine, before the first model; "
             f"the arbiter contenders' compile times do not include it): {took} s, load "
             f"average {load} at its start.")
@@ -517,13 +531,14 @@ def main(argv=None) -> int:
         bound["topk"] = {"k": 1, "agreement": args.topk_agreement}
     os.environ[ACCURACY_ENV] = json.dumps({"bound": bound or {"atol": 1e-2},
                                            "calibrate": args.calibrate, "fresh": args.fresh})
-    # A cold, private arbiter cache for this run (unless one is named): the default cache
-    # would replay decisions and ONNX models from earlier runs, other code or budgets.
+    # The run's directory (unless one is named), holding every contender's own cold cache:
+    # the default cache would replay decisions and ONNX models from earlier runs.
     if "ARBITER_CACHE_DIR" not in os.environ:
         import tempfile
 
         os.environ["ARBITER_CACHE_DIR"] = tempfile.mkdtemp(prefix="arbiter-zoo-cache-")
-    log(f"arbiter cache: {os.environ['ARBITER_CACHE_DIR']}")
+    log(f"the run's directory (each contender's own caches): "
+        f"{os.environ['ARBITER_CACHE_DIR']}")
     if args.omp_passive:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
