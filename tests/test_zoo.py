@@ -49,3 +49,25 @@ def test_zoo_bench_smoke(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert re.fullmatch(r"[0-9.]+", cells[1]), row  # a measured median
         assert float(cells[5]) < 1e-4, row  # max error vs eager
+
+
+@pytest.mark.slow
+def test_zoo_bench_compiles_each_contender_cold(tmp_path):
+    """Two arbiter contenders with the same placement each export their own ONNX model,
+    into their own cache: neither is served the other's (the compile times are cold)."""
+    import os
+
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+    run = tmp_path / "run"
+    env = dict(os.environ, ARBITER_CACHE_DIR=str(run),
+               ARBITER_CALIBRATION=str(ROOT / "tests" / "calibration_reference.json"))
+    subprocess.run([sys.executable, str(ROOT / "bench" / "zoo.py"), "--models", "mlp",
+                    "--contenders", "eager", "arbiter_default", "arbiter_cpu_all",
+                    "--rounds", "1", "--round-s", "0.05", "--out", str(tmp_path / "r.md")],
+                   check=True, timeout=600, capture_output=True, env=env)
+    text = (tmp_path / "r.md").read_text()
+    assert "ran: onnxruntime 100%" in text  # both ran the seed MLP on ONNX Runtime
+    for name in ("arbiter_default", "arbiter_cpu_all"):
+        models = list((run / "mlp" / name).glob("onnx/*/*.bin"))
+        assert len(models) == 1, (name, models)  # exported here, not read from elsewhere
+    assert not (run / "onnx").exists()  # nothing in a cache the contenders share
