@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/dynamic_shapes.py                  # ~10 min on 2 cores
     .venv/bin/python bench/dynamic_shapes.py --rounds 2 --iters 2   # a smoke run
+    .venv/bin/python bench/dynamic_shapes.py --procs 3     # each contender in 3 processes
 
 Model: a BERT-style encoder (transformers' BertModel, hidden 256, 4 layers, 4 heads,
 intermediate 1024, seeded random weights, eval, float32), batch 4, called in a cycle over
@@ -211,41 +212,49 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="cycles over the lengths per round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900.0, help="per warm-up (s)")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="processes per contender: the table takes the median over them of "
+                         "each one's median (one process's speed moves by up to ~10%% "
+                         "from another's on this machine)")
     args = ap.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = os.getloadavg()
     ctx = mp.get_context("spawn")
-    workers = {}
+    workers = {}  # (name, process index) -> (process, pipe)
     results = {}
-    for name in args.contenders:  # one at a time: compiles do not compete
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_worker, args=(child, name, args.threads), daemon=True)
-        p.start()
-        if not parent.poll(args.timeout):
-            p.kill()
-            results[name] = ("err", f"warm-up over {args.timeout:.0f} s", "")
-            continue
-        got = parent.recv()
-        results[name] = got
-        print(f"[dynamic_shapes] {name}: " + (f"warm-up {got[1]:.1f} s" if got[0] == "ok"
-                                              else f"not available: {got[1]}"),
-              file=sys.stderr, flush=True)
-        if got[0] == "ok":
-            workers[name] = (p, parent)
-        else:
-            print(got[2], file=sys.stderr)
-    per_round: dict = {name: {n: [] for n in LENGTHS} for name in workers}
+    for k in range(args.procs):
+        for name in args.contenders:  # one at a time: compiles do not compete
+            if k and (name, 0) not in workers:
+                continue  # its first process failed: said once
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, name, args.threads), daemon=True)
+            p.start()
+            if not parent.poll(args.timeout):
+                p.kill()
+                results.setdefault(name, ("err", f"warm-up over {args.timeout:.0f} s", ""))
+                continue
+            got = parent.recv()
+            results.setdefault(name, got)
+            print(f"[dynamic_shapes] {name} #{k + 1}: " +
+                  (f"warm-up {got[1]:.1f} s" if got[0] == "ok" else f"not available: {got[1]}"),
+                  file=sys.stderr, flush=True)
+            if got[0] == "ok":
+                workers[(name, k)] = (p, parent)
+            else:
+                print(got[2], file=sys.stderr)
+    per_round: dict = {key: {n: [] for n in LENGTHS} for key in workers}
     for r in range(args.rounds):
-        for name, (_, conn) in workers.items():
+        for key, (_, conn) in workers.items():
             conn.send(("run", args.iters))
             times = conn.recv()
             for n in LENGTHS:
-                per_round[name][n].append(statistics.median(times[n]))
+                per_round[key][n].append(statistics.median(times[n]))
         print(f"[dynamic_shapes] round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     infos = {}
-    for name, (p, conn) in workers.items():
+    for (name, k), (p, conn) in workers.items():
         conn.send(("stop",))
-        infos[name] = conn.recv()[1]
+        info = conn.recv()[1]
+        infos.setdefault(name, info)
         p.join(10)
     load1 = os.getloadavg()
     print(render(args, results, per_round, infos, started, load0, load1))
@@ -256,13 +265,18 @@ def render(args, results, per_round, infos, started, load0, load1) -> str:
     import numpy as np
     import torch
 
-    med = {name: {n: statistics.median(v) for n, v in per.items()} for name, per in per_round.items()}
+    # each process's median over rounds; a contender's: the median over its processes
+    by_proc = {key: {n: statistics.median(v) for n, v in per.items()}
+               for key, per in per_round.items()}
+    med = {name: {n: statistics.median(m[n] for (c, _), m in by_proc.items() if c == name)
+                  for n in LENGTHS} for name in {c for c, _ in by_proc}}
     eager = results.get("eager")
     lines = [f"{started:%Y-%m-%d %H:%M} UTC; {platform.machine()}, {os.cpu_count()} cores; "
              f"torch {torch.__version__}; {args.threads} threads; {args.rounds} rounds x "
-             f"{args.iters} cycles; load average {load0[0]:.2f} at the start, {load1[0]:.2f} "
-             "at the end", "",
-             "median ms per call (median over rounds of each round's median); "
+             f"{args.iters} cycles; {args.procs} process(es) per contender; load average "
+             f"{load0[0]:.2f} at the start, {load1[0]:.2f} at the end", "",
+             "median ms per call (median over rounds of each round's median; with several "
+             "processes per contender, the median of their medians); "
              "ratio = best single backend's median / contender's (above 1: faster)", ""]
     head = "| contender | " + " | ".join(f"L={n} ms" for n in LENGTHS) + \
         " | warm-up s | max err |"
@@ -284,6 +298,13 @@ def render(args, results, per_round, infos, started, load0, load1) -> str:
             cells.append(f"{m:.2f}{ratio}")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {got[1]:.1f} | {err} |")
     lines.append("")
+    if args.procs > 1:
+        for name in args.contenders:
+            procs = sorted((k, m) for (c, k), m in by_proc.items() if c == name)
+            if len(procs) > 1:
+                lines.append(f"- {name}, each process's median (ms): " + "; ".join(
+                    f"L={n} " + "/".join(f"{m[n] * 1e3:.2f}" for _, m in procs)
+                    for n in LENGTHS))
     for name in args.contenders:
         if infos.get(name):
             lines.append(f"- {name}: {infos[name]}")
