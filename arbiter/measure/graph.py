@@ -52,11 +52,11 @@ from .winner import held, pick, record_outcome
 log = logging.getLogger(__name__)
 
 #: `measure`'s first call stays within this many times the compiles it needs (the
-#: candidates' compiles and warm-ups through arbiter, 1.1-1.4x the single backends' own
-#: compiles on the zoo: arbiter's export path, first-use checks, eager's warm-up): the
+#: candidates' compiles and warm-ups through arbiter, 1.3-1.7x the single backends' own
+#: compiles on DistilBERT and T5: arbiter's export path, first-use checks, eager's
+#: warm-up, a `priority` placement no single backend has): the
 #: search after the whole-graph candidates (mixing, refinement) starts no compile past
-#: what is left of it (``search_limit``; docs/policies.md, "Compile bound"). So the whole
-#: costs about twice the single backends' compiles.
+#: what is left of it (``search_limit``; docs/policies.md, "Compile bound").
 SEARCH_FACTOR = 1.5
 #: A graph whose candidates compiled in less than this still gets this much search (a
 #: few seconds, next to a process's own start, on graphs that compile in a moment).
