@@ -35,6 +35,7 @@ import torch
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, argument, empty_reduction
+from ._onnx_constants import refer_constants
 from ._export import export_program, quiet
 
 #: Part of the cache key of every exported model (see the module docstring).
@@ -134,10 +135,11 @@ def _registry_once():
 
 
 def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
-                dynamic: bool = False):
+                dynamic: bool = False, by_reference: bool = False):
     """An ATen FX graph -> onnx.ModelProto, through torch.onnx's dynamo exporter with the
     translations above; ``dynamic``: symbolic dimensions from the graph's symbols
-    (backends/_export.py)."""
+    (backends/_export.py); ``by_reference``: the initializers that are ``gm``'s
+    constants refer to them instead of holding a copy (backends/_onnx_constants.py)."""
     with quiet(), _registry_once():
         # non-strict only (backends/_export.py); torch.onnx.export's own fallback to
         # strict export would run Dynamo inside the user's compiled call
@@ -145,6 +147,8 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
         program = torch.onnx.export(exported, args, dynamo=True, optimize=optimize,
                                     verbose=False, report=False,
                                     custom_translation_table=translations())
+    if by_reference:
+        refer_constants(program.model, gm)
     return program.model_proto
 
 

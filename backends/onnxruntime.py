@@ -35,6 +35,7 @@ from arbiter.shapes import graph_is_symbolic, input_values
 from ._edge_values import POWS, SUMS, integer_pow, integer_reduction
 from ._export import check_inputs, outputs_of, range_key
 from ._nonfinite import ExactNonfinite
+from ._onnx_constants import inline_constants, resolve, session_initializers
 from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, declared_ops, export_onnx
 from ._onnx_shared import shared_initializers, strip_shared
 from ._ort_precision import NO_CONSTANT_WEIGHTS, to_fp16, to_int8, variant_support
@@ -214,14 +215,17 @@ class OnnxRuntime(ExactNonfinite, Backend):
         kind = "onnx-dynamic" if dynamic else "onnx"
 
         def export() -> bytes:
+            # the weights stay the graph's: the model (and the cache entry) refers to them
             return export_onnx(gm, args, optimize=self.options.optimize_export,
-                               dynamic=dynamic).SerializeToString()
+                               dynamic=dynamic, by_reference=True).SerializeToString()
 
         precision = self.options.precision
         if precision == "int8" and not any(n.op == "get_attr" for n in gm.graph.nodes):
             raise RuntimeError(NO_CONSTANT_WEIGHTS.format(what="partition has no constants"))
+        found: dict = {}
         if precision == "fp32":
             model_bytes = self.cached_artifact(gm, key_inputs, export, kind=kind)
+            found = resolve(model_bytes, gm)
         else:
             # the float32 export is the float32 backend's own artifact (same key: shared
             # through the cache); the lowered model is this variant's (its key holds the
@@ -234,16 +238,19 @@ class OnnxRuntime(ExactNonfinite, Backend):
                 # the float32 export, so that one is looked up outside the piece's record
                 with served():
                     source = f32.cached_artifact(gm, key_inputs, export, kind=kind)
-                return lower_precision(source, self.options)
+                return lower_precision(inline_constants(source, resolve(source, gm)),
+                                       self.options)
 
             model_bytes = self.cached_artifact(gm, key_inputs, lowered,
                                                kind=f"{kind}-{precision}")
         disabled = _unsound_optimizers(gm)
-        sess = self.make_session(model_bytes, disabled_optimizers=disabled)
+        sess = self.make_session(model_bytes, disabled_optimizers=disabled,
+                                 initializers=session_initializers(found))
         runner = OrtRunner(sess, [i.name for i in sess.get_inputs()],
                            [o.name for o in sess.get_outputs()], args, outputs_of(gm),
                            input_values(gm) if dynamic else None)
-        runner.model_bytes = model_bytes  # what save_artifact writes
+        runner.model_bytes = model_bytes  # what save_artifact writes, with:
+        runner.constants = found  # the weights it refers to, alive with the session
         runner.disabled_optimizers = disabled
         return runner
 
@@ -255,6 +262,7 @@ class OnnxRuntime(ExactNonfinite, Backend):
         model_bytes = getattr(compiled, "model_bytes", None)
         if not isinstance(compiled, OrtRunner) or model_bytes is None:
             return None
+        model_bytes = inline_constants(model_bytes, getattr(compiled, "constants", {}))
         refs: dict[str, str] = {}
         if shared is not None:
             model_bytes, refs = strip_shared(model_bytes, shared)

@@ -175,3 +175,28 @@ def test_onnx_export_is_reused_by_a_new_arbiter_and_never_across_weights(
     with caplog.at_level(logging.WARNING, logger="arbiter.cache"):
         _run(model, x, cfg)
     assert len(count_exports) == 3 and "rebuilding" in caplog.text
+
+
+class _Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(256, 512)
+        self.b = torch.nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_the_cached_onnx_model_refers_to_the_weights_rather_than_holding_them(
+        tmp_path, count_exports, fresh_dynamo):
+    """The entry is the graph, not the weights (backends/_onnx_constants.py): a second
+    arbiter builds its session from it and the model's own weights, right."""
+    cfg = {"backends": ["onnxruntime"], "cache": {"dir": str(tmp_path)}}
+    torch.manual_seed(0)
+    model, x = _Wide().eval(), torch.randn(2, 256)
+    _run(model, x, cfg)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    entries = list(tmp_path.glob("onnx/*/*.bin"))
+    assert len(entries) == 1 and entries[0].stat().st_size < weights / 50
+    _run(model, x, cfg)  # asserts the answer
+    assert len(count_exports) == 1
