@@ -21,6 +21,7 @@ node that reads it; what an op is (ATen, in place, random) is looked up once per
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
@@ -362,14 +363,29 @@ class CapabilityTable:
         return None
 
 
+#: backend -> its ``version()``, asked once: a backend's version reads package metadata
+#: (about 0.4 ms), and planning asks for every node of every candidate (BERT-base: 2390
+#: times, 1 s of a warm start's planning)
+_VERSIONS: "weakref.WeakKeyDictionary[Backend, Optional[str]]" = weakref.WeakKeyDictionary()
+
+
 def found_wrong(backend: Backend, name: str) -> list:
     """What first-use checks found ``backend`` (this version) computing wrongly of op
     ``name`` (arbiter/findings.py); [] for a backend without a version."""
     try:
-        version = backend.version()
-    except Exception:  # noqa: BLE001 - a backend that cannot say is not matched
+        version = _VERSIONS[backend]
+    except (KeyError, TypeError):
+        try:
+            version = str(backend.version())
+        except Exception:  # noqa: BLE001 - a backend that cannot say is not matched
+            version = None
+        try:
+            _VERSIONS[backend] = version
+        except TypeError:  # not weakly referenceable: asked every time
+            pass
+    if version is None:
         return []
-    return findings().for_op(backend.name, str(version), name)
+    return findings().for_op(backend.name, version, name)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
