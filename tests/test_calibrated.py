@@ -169,6 +169,22 @@ def test_time_between_and_beyond_the_calibrated_sizes():
     assert c.class_us("conv", 1e6) is None
 
 
+def test_a_tiny_matmul_is_priced_by_the_tiny_cell_not_the_intercept():
+    """On an Intel Xeon (2026-11-27) ONNX Runtime's cells, its call's 8.2 us taken off:
+    16x256x256 25.9 us, 128x768x768 572 us; the line through them put 18 us on every
+    matmul below, and the seed MLP (three 8x32x32 addmm, 8 us whole on ONNX Runtime) was
+    predicted at 70 us and sent to Inductor. The tiny cell (8x64x64) is measured."""
+    small, large = (2 * 16 * 256 * 256, 25.9), (2 * 128 * 768 * 768, 572.0)
+    mlp_mm = 2 * 8 * 32 * 32
+    before = BackendCalibration(8.2, 0, {"linear": (small, large)})
+    assert before.class_us("linear", mlp_mm) > 15
+    tiny = (2 * 8 * 64 * 64, 1.5)
+    after = BackendCalibration(8.2, 0, {"linear": (tiny, small, large)})
+    assert after.class_us("linear", mlp_mm) <= 1.5
+    assert after.class_us("linear", small[0]) == pytest.approx(25.9)
+    assert "linear 8x64x64" in [name for name, _, _ in CELLS]
+
+
 def _chain_of(n: int):
     def chain(x):
         for i in range(n):
@@ -348,7 +364,7 @@ def test_the_cells_cover_every_class_at_sizes():
                        "reduction", "block"}
     assert {name for name, cls, _ in CELLS if cls == "block"} == set(BLOCKS)
     assert set(BLOCKS.values()) == set(KINDS)
-    assert sum(cls == "linear" for _, cls, _ in CELLS) == 2
+    assert sum(cls == "linear" for _, cls, _ in CELLS) == 3  # tiny, small, large
     assert sum(cls == "conv" for _, cls, _ in CELLS) == 2
 
 

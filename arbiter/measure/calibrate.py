@@ -5,8 +5,10 @@ Per backend, small ATen graphs, one op class each, are compiled with the backend
 few samples of at least ``SAMPLE_S`` each, one backend after the other (on a shared
 machine noise only adds; ``time_us`` says why not interleaved). Weights
 are constants of the graph, as a frozen model's are. ``CELLS`` lists them, most telling
-first: the per-call cost (a chain of 8 tiny ops), a small and a large linear layer (the
-small one says what a tiny graph's matmuls cost), the large sizes of the other classes,
+first: the per-call cost (a chain of 8 tiny ops), a tiny, a small and a large linear
+layer (the tiny one says what a tiny graph's matmuls cost: below the small one the line
+through it and the large one put a fixed 18 us on each of ONNX Runtime's matmuls on an
+Intel Xeon, which runs the seed MLP's three in 8 us whole), the large sizes of the other classes,
 then a small convolution, and last two whole blocks (``BLOCKS``: a transformer encoder
 layer, a ResNet bottleneck), whose time over their op-by-op prediction is the backend's
 factor for partitions of that kind (plan/predict.py). The cells are taken in that order for
@@ -132,6 +134,7 @@ BLOCKS = {"block: encoder layer 128x768": "matmul", "block: bottleneck 256ch 28x
 #: (cell name, op class, builder of (function, inputs)), most telling first.
 CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("call", "call", lambda: (_chain, (torch.randn(8),))),
+    ("linear 8x64x64", "linear", lambda: _linear(8, 64, 64)),
     ("linear 16x256x256", "linear", lambda: _linear(16, 256, 256)),
     ("linear 128x768x768", "linear", lambda: _linear(128, 768, 768)),
     ("conv 64ch 56x56", "conv", lambda: _conv(64, 56)),
