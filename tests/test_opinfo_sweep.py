@@ -22,12 +22,13 @@ in float32 and int64 and prints the summary (about an hour on 2 cores).
 from __future__ import annotations
 
 import collections
+import functools
 import sys
 import time
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from torch.utils import _pytree as pytree
 
 import arbiter
@@ -249,6 +250,16 @@ UNARY = [torch.relu, torch.tanh, torch.sigmoid, torch.exp, lambda t: t * 0.5 + 1
          lambda t: torch.softmax(t, -1), lambda t: t.transpose(0, 1).contiguous().transpose(0, 1),
          lambda t: torch.nn.functional.gelu(t), lambda t: t.cumsum(-1) * 0.1,
          lambda t: torch.where(t > 0, t, t * 0.1)]
+GELU = 7  # UNARY's GELU (see _eager_gelu_inf_is_nan)
+
+
+@functools.lru_cache(maxsize=None)
+def _eager_gelu_inf_is_nan() -> bool:
+    """Whether eager's vectorized GELU of +inf is NaN here (its one-element path: inf)."""
+    got = torch.nn.functional.gelu(torch.full((16,), float("inf")))
+    return bool(torch.isnan(got).any())
+
+
 BINARY = [torch.add, torch.mul, torch.maximum, lambda a, b: a - 2 * b,
           lambda a, b: a @ b.transpose(0, 1) @ b * 0.1]
 
@@ -393,6 +404,10 @@ def _fuzz_nonfinite(program, config):
     from arbiter.probe.opinfo import nonfinite_inputs
 
     steps, shape, _ = program
+    # eager's vectorized GELU gives NaN for +inf where its scalar path (one element) and
+    # every backend give inf (torch 2.13, an Intel Xeon with AVX-512, 2026-11-27): eager
+    # disagrees with itself there, so it is no reference for GELU on +inf
+    assume(not (_eager_gelu_inf_is_nan() and any(s[:2] == ("u", GELU) for s in steps)))
     fn = _program(steps)
     gen = torch.Generator().manual_seed(len(steps) * 31 + shape[0])
     x, y = (torch.randn(shape, generator=gen) for _ in range(2))

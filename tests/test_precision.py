@@ -250,11 +250,16 @@ def test_openvino_bf16_accepted_within_a_loose_tolerance(fresh_dynamo):
     assert label in g.accuracy.errors and not g.accuracy.rejected
     assert 0 < g.accuracy.errors[label] <= 5e-2  # bf16: not eager-equal, within
     assert g.candidates_ms[label] is not None  # accepted, so timed
-    # the faster of the two measured runs, whichever it was on this load
-    faster = min(("priority", label), key=lambda k: g.candidates_ms[k])
+    # the fastest of the accepted measured runs, whichever it was on this load (a CPU
+    # with AMX-FP16 also has OpenVINO's f16 variant: an Intel Xeon, 2026-11-27)
+    timed = {k: v for k, v in g.candidates_ms.items()
+             if v is not None and k not in g.accuracy.rejected}
+    assert {"priority", label} <= set(timed)
+    faster = min(timed, key=timed.get)
     assert g.chosen == faster
     parts = [p for p in g.partitions if not p.inline]
-    assert {p.precision for p in parts} == {"bf16" if faster == label else "native"}
+    assert {p.precision for p in parts} == {faster.rsplit(":", 1)[1] if ":" in faster
+                                            else "native"}
     assert err <= 5e-2
 
 
