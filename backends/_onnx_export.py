@@ -35,8 +35,8 @@ import torch
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, argument, empty_reduction
-from ._onnx_constants import refer_constants
 from ._export import export_program, quiet
+from ._onnx_constants import refer_constants
 
 #: Part of the cache key of every exported model (see the module docstring).
 EXPORT_REVISION = 2
