@@ -230,9 +230,15 @@ def test_backends_shows_the_calibration_the_cache_holds(tmp_path, monkeypatch):
     from arbiter.measure import calibration
 
     monkeypatch.setenv("ARBITER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(calibration.ENV_FILE, raising=False)
     calibration.forget()
     lines = calibration_lines()
     assert lines[0].startswith("calibration on this machine (")
     rows = dict(line.strip().split(": ", 1) for line in lines[1:])
     assert "eager" in rows and "onnxruntime" in rows
     assert set(rows.values()) == {"not calibrated"}
+    # a pinned file is what `calibrated` reads instead: said last
+    monkeypatch.setenv(calibration.ENV_FILE, "/some/where/calibration.json")
+    pinned = calibration_lines()
+    assert pinned[:-1] == lines
+    assert "pinned file /some/where/calibration.json" in pinned[-1]

@@ -89,6 +89,11 @@ def calibration_lines() -> list[str]:
         m = known.get(name)
         load = f" (measured at load {m.load:.1f} per core)" if m and m.load else ""
         lines.append(f"  {name}: {backend_row(got.get(name))}{load}")
+    pinned = Calibrations(be.planner, be.cache, be.config.calibration.file,
+                          measure=False).pinned_file
+    if pinned:  # what `calibrated` reads instead (a file measured elsewhere ranks wrongly)
+        lines.append(f"policy `calibrated` predicts with the pinned file {pinned} instead "
+                     "(config calibration.file or $ARBITER_CALIBRATION), not the above")
     return lines
 
 

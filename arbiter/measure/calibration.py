@@ -142,6 +142,12 @@ class Calibrations:
         self.source = ""  # "file <path>", "measured", "cache": the report says it
 
     @property
+    def pinned_file(self) -> Optional[str]:
+        """The calibration file pinned (config ``calibration.file``, else
+        ``$ARBITER_CALIBRATION``), or None: then the cache's (or measured) is used."""
+        return self._file
+
+    @property
     def names(self) -> list[str]:
         p = self._planner
         return [n for n in p.backends if n not in p.unavailable]
