@@ -50,6 +50,7 @@ import torch
 import torch.fx
 
 from .cache_dir import entries, trusted_owner, untrusted
+from .ops import attr_value
 from .yamlsrc import read_at_most
 
 log = logging.getLogger(__name__)
@@ -387,9 +388,7 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
     for i, n in enumerate(gm.graph.nodes):
         index[n] = f"%{i}"
         if n.op == "get_attr":
-            value = gm
-            for part in n.target.split("."):
-                value = getattr(value, part)
+            value = attr_value(gm, n.target)
             target = ["const", tensor_digest(value) if isinstance(value, torch.Tensor)
                       else repr(value)]
         elif n.op == "placeholder":

@@ -256,6 +256,11 @@ def _each_finite(t: torch.Tensor, a: Any) -> bool:
     return bool(np.isfinite(a).all())
 
 
+def attr_value(module: torch.nn.Module, target: str) -> Any:
+    """What a ``get_attr`` node's dotted ``target`` names on ``module``."""
+    return operator.attrgetter(target)(module)
+
+
 def output_values(gm: torch.fx.GraphModule) -> Optional[list]:
     """The traced value (``meta["val"]``) of each output of a graph returning a tuple,
     in order: a tensor, another value, or None where an output has no metadata; None

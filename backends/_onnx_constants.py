@@ -29,6 +29,8 @@ from typing import Any, Optional
 
 import torch
 
+from arbiter.ops import attr_value
+
 #: The external-data location of an initializer given from the partition's constants.
 LOCATION = "arbiter-constant"
 #: The model's metadata key holding {initializer: position, "t:" + position}.
@@ -40,14 +42,7 @@ TRANSPOSED = "t:"
 
 def constants(gm: torch.fx.GraphModule) -> list[Any]:
     """``gm``'s ``get_attr`` values in graph order (the positions references name)."""
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "get_attr":
-            value: Any = gm
-            for part in str(n.target).split("."):
-                value = getattr(value, part, None)
-            out.append(value)
-    return out
+    return [attr_value(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
 
 
 def _head(t: torch.Tensor) -> torch.Tensor:
@@ -151,8 +146,8 @@ def resolve(model_bytes: bytes, gm: torch.fx.GraphModule) -> dict[str, torch.Ten
     if not refs:
         return {}
     values = constants(gm)
-    specs = {init.name: (tuple(init.dims), init.data_type) for init in model.graph.initializer
-             if init.data_location == onnx.TensorProto.EXTERNAL}
+    shapes = {init.name: tuple(init.dims) for init in model.graph.initializer
+              if init.data_location == onnx.TensorProto.EXTERNAL}
     out = {}
     for name, ref in refs.items():
         pos = ref.removeprefix(TRANSPOSED)
@@ -161,8 +156,7 @@ def resolve(model_bytes: bytes, gm: torch.fx.GraphModule) -> dict[str, torch.Ten
             t = t.t()
         elif ref.startswith(TRANSPOSED):
             t = None
-        spec = specs.get(name)
-        if not isinstance(t, torch.Tensor) or spec is None or tuple(t.shape) != spec[0]:
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shapes.get(name):
             raise ValueError(f"the ONNX model's initializer {name!r} refers to constant "
                              f"{ref!r}, which the partition does not hold in that shape")
         out[name] = t.detach().contiguous()

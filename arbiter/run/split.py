@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..ops import attr_value
 from ..shapes import expr as size_expr, free_symbols, is_symbolic
 from ..plan.partition import Partition, Plan
 
@@ -59,7 +60,7 @@ def extract(plan: Plan, partition: Partition,
         if n in env:
             return env[n]
         if n.op == "get_attr" or n in constants:
-            value = constants[n] if n in constants else _fetch_attr(src, n.target)
+            value = constants[n] if n in constants else attr_value(src, n.target)
             attr = f"_const_{len(root._buffers)}"
             root.register_buffer(attr, value, persistent=False)
             new = graph.get_attr(attr)
@@ -219,13 +220,6 @@ def _binary(graph: torch.fx.Graph, op, a, b):
     return node
 
 
-def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def stitch(plan: Plan, runners: dict[int, tuple[Subgraph, Callable]],
            inline: set[int]) -> Callable:
     """One GraphModule that runs the partitions in plan order; a ``Direct`` call of the
@@ -242,7 +236,7 @@ def stitch(plan: Plan, runners: dict[int, tuple[Subgraph, Callable]],
         if node.op == "placeholder":
             env[node] = graph.node_copy(node)
         elif node.op == "get_attr":
-            value = _fetch_attr(src, node.target)
+            value = attr_value(src, node.target)
             name = node.target.replace(".", "_")
             if isinstance(value, torch.Tensor):
                 root.register_buffer(name, value, persistent=False)
