@@ -1,12 +1,10 @@
 """OpenVINO (CPU plugin).
 
-A partition is converted by OpenVINO's own PyTorch frontend: the ATen partition is
-exported with ``torch.export`` (non-strict, the partition's real inputs, as the ONNX
-Runtime backend does) and the ExportedProgram goes to ``openvino.convert_model``, then
-``Core.compile_model`` for the device. No op translations are written here. Handing
-the partition straight to OpenVINO's FX decoder (what OpenVINO's own torch.compile
-backend does) was tried and fails in openvino 2026.4 ("pure virtual function
-TorchDecoder::decoder_type_name"), so the supported ExportedProgram entry is used.
+A partition is converted by OpenVINO's own PyTorch frontend (``_openvino_convert.py``):
+its graph goes to OpenVINO's FX decoder as it is, or, where the decoder cannot convert
+it, through ``torch.export`` (non-strict, the partition's real inputs) and
+``openvino.convert_model``; then ``Core.compile_model`` for the device. No op
+translations are written here.
 
 Precision is float32 unless the config says otherwise: the CPU plugin picks bf16 by
 itself on CPUs that have it (errors of 2e-2 on transformers, 3.0 on ResNet-50 measured).
@@ -17,15 +15,14 @@ the one copy that can happen: counted in the piece's record), and outputs are
 torch-allocated tensors set as the request's output tensors, so the plugin writes into
 them. Each thread gets its own infer request (requests are not thread-safe).
 
-A partition with symbolic shapes is exported with symbolic dimensions
-(``backends/_export.py``) and its inputs get dynamic dimensions bounded by the symbols'
-ranges (``ov.Dimension(min, max)``; ``mark_dynamic``'s bounds come through), so one
+A partition with symbolic shapes is converted with dynamic dimensions (the export way
+with symbolic ones, ``backends/_export.py``) and its inputs get dimensions bounded by the
+symbols' ranges (``ov.Dimension(min, max)``; ``mark_dynamic``'s bounds come through), so one
 compiled model serves every size and the plugin refuses a size outside them. Output
 shapes are computed per call from the input sizes, as for ONNX Runtime.
 """
 from __future__ import annotations
 
-import logging
 from typing import Literal, Optional, Union
 
 import torch
@@ -34,14 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, reads_floating
 from arbiter.registry import Backend, register_backend, thread_option
-from arbiter.shapes import bounds, expr, graph_is_symbolic, input_values, shape_env_of
+from arbiter.shapes import graph_is_symbolic, input_values
 
-from ._export import (Runner, check_inputs, distinct_outputs, export_program, outputs_of,
-                      quiet)
+from ._export import Runner, check_inputs, distinct_outputs, outputs_of
 from ._nonfinite import ExactNonfinite
 from ._openvino_checks import VALIDATORS
+from ._openvino_convert import _for_openvino, convert  # noqa: F401 - _for_openvino: tests
 
-log = logging.getLogger(__name__)
 
 _PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 
@@ -236,7 +232,7 @@ class OpenVino(ExactNonfinite, Backend):
 
         dynamic = graph_is_symbolic(gm)
         args = check_inputs(example_inputs, _TORCH_TO_OV, ints=dynamic)
-        model = convert(gm, args, dynamic=dynamic)
+        model = convert(gm, args, _TORCH_TO_OV, dynamic=dynamic)
         core = ov.Core()
         passthrough = _passthrough_outputs(model)
         compiled = core.compile_model(model, self.options.device, self.properties())
@@ -306,114 +302,6 @@ class OpenVino(ExactNonfinite, Backend):
         return out
 
 
-def convert(gm: torch.fx.GraphModule, args: tuple, dynamic: bool = False):
-    """An ATen FX graph -> openvino.Model, with the inputs' dtypes and shapes fixed:
-    static, or (``dynamic``) bounded by the symbols' ranges."""
-    import openvino as ov
-
-    with quiet():
-        exported = export_program(_for_openvino(gm), args, dynamic=dynamic)
-        try:
-            model = ov.convert_model(exported)
-        except Exception as exc:
-            raise RuntimeError(f"OpenVINO could not convert the partition: "
-                               f"{_conversion_summary(str(exc))}") from exc
-    if len(model.inputs) != len(args):
-        raise RuntimeError(f"converted model has {len(model.inputs)} inputs, partition has "
-                           f"{len(args)}")
-    # Both paths give dynamic dimensions, even for static sizes; static shapes let the
-    # plugin plan memory and kernels, and bounds let it refuse a size out of range.
-    values = input_values(gm)
-    for i, a in enumerate(args):
-        node = model.inputs[i].get_node()
-        if not isinstance(a, torch.Tensor):  # a size no tensor input carries: int64 scalar
-            node.set_element_type(ov.Type.i64)
-            node.set_partial_shape(ov.PartialShape([]))
-            continue
-        node.set_element_type(getattr(ov.Type, _TORCH_TO_OV[a.dtype]))
-        node.set_partial_shape(_partial_shape(values[i], a) if dynamic
-                               else ov.PartialShape(list(a.shape)))
-    model.validate_nodes_and_infer_types()
-    return model
-
-
-def _for_openvino(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` rewritten for OpenVINO's frontend (a copy of the graph; constants shared):
-
-    * every ``aten.view`` a ``aten.reshape``. The frontend runs decompositions again on
-      the ExportedProgram, and there the strides of some values differ from those traced
-      (the output of SDPA's CPU kernel in BERT and GPT-2): ``view`` then failed ("Cannot
-      view a tensor with shape [4, 32, 256] and strides (256, 1024, 1)"), and the whole
-      partition fell back to the next backend. A reshape is a view where one is possible;
-      the partition is functional and its outputs are copied into torch's buffers anyway;
-    * ``_scaled_dot_product_flash_attention_for_cpu`` (what AOTAutograd makes of SDPA on
-      CPU) whose log-sum-exp no node reads, ``aten.scaled_dot_product_attention``: the
-      frontend translates that into OpenVINO's fused attention, the other into MatMul,
-      Softmax and Transposes (on the BERT-style encoder of bench/dynamic_shapes.py: 4
-      Transposes instead of 16, no Broadcast or Reorder nodes in the symbolic model).
-      Random ones (``dropout_p`` > 0) never reach a backend."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    view = torch.ops.aten.view.default
-    if not any(n.target in (view, flash) for n in gm.graph.nodes):
-        return gm
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    for n in list(graph.nodes):
-        if n.op != "call_function":
-            continue
-        if n.target is view:
-            n.target = torch.ops.aten.reshape.default
-        elif n.target is flash:
-            _fuse_attention(graph, n)
-    graph.lint()
-    return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-
-
-def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
-    """Replace one ``_scaled_dot_product_flash_attention_for_cpu`` by SDPA (see above)."""
-    import operator
-
-    users = list(node.users)
-    if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in users):
-        return  # the log-sum-exp is read (a backward graph): keep the op as it is
-    names = [a.name for a in node.target._schema.arguments]
-    bound = dict(zip(names, node.args), **node.kwargs)
-    if bound.get("dropout_p", 0.0) != 0.0:
-        return
-    with graph.inserting_before(node):
-        sdpa = graph.call_function(
-            torch.ops.aten.scaled_dot_product_attention.default,
-            (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
-             bool(bound.get("is_causal", False))), {"scale": bound.get("scale")})
-    sdpa.meta = dict(node.meta)
-    if isinstance(node.meta.get("val"), (tuple, list)):
-        sdpa.meta["val"] = node.meta["val"][0]
-    for u in users:
-        if u.args[1] == 0:
-            u.replace_all_uses_with(sdpa)
-        graph.erase_node(u)
-    graph.erase_node(node)
-
-
-def _partial_shape(value, arg: torch.Tensor):
-    """A placeholder's shape for OpenVINO: static sizes as they are, symbolic ones as
-    ``Dimension(min, max)`` from the ShapeEnv (-1: no upper bound)."""
-    import openvino as ov
-
-    if not isinstance(value, torch.Tensor):
-        return ov.PartialShape(list(arg.shape))
-    env = shape_env_of([value])
-    dims = []
-    for s in value.shape:
-        e = expr(s)
-        if e.is_number or env is None:
-            dims.append(ov.Dimension(int(e)))
-            continue
-        lo, hi = bounds(e, env)
-        dims.append(ov.Dimension(lo, -1 if hi is None else hi))
-    return ov.PartialShape(dims)
-
-
 def _passthrough_outputs(model) -> dict[int, int]:
     """output index -> input index, for outputs that are a model input as it is.
 
@@ -429,17 +317,6 @@ def _passthrough_outputs(model) -> dict[int, int]:
         if src.get_type_name() == "Parameter":
             found[k] = by_node[src.get_friendly_name()]
     return found
-
-
-def _conversion_summary(message: str) -> str:
-    """The ops OpenVINO's frontend names as failed, and the first reason it gives; its
-    full message (tens of lines, starting with a C++ source location) stays on the cause."""
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    failed = next((ln for ln in lines if ln.startswith("-- Conversion is failed for:")), None)
-    reason = next((ln for ln in lines if ln.startswith("Check '") and "unconverted_ops" not in ln
-                   or "out of" in ln or ln.startswith("Exception happened")), None)
-    parts = [p for p in (failed and failed[3:], reason) if p]
-    return "; ".join(parts) if parts else (lines[0] if lines else message)
 
 
 class OvRunner(Runner):

@@ -225,3 +225,57 @@ def test_full_variance_is_refused_and_runs_right():
     assert ("aten.var.correction", "eager") in ran  # the full variance with a correction
     assert ("aten.var.correction", "openvino") in ran  # correction 0
     assert ("aten.std.correction", "openvino") in ran  # over one dimension
+
+
+def _linear_gelu_graph():
+    w = torch.randn(16, 8)
+
+    def f(x):
+        return (torch.nn.functional.gelu(x @ w.t()).view(2, 3, 16),)
+
+    x = torch.randn(6, 8)
+    gm = make_fx(f)(x)
+    assert torch.ops.aten.t.default in {n.target for n in gm.graph.nodes}
+    return gm, x, f(x)[0]
+
+
+def _run_converted(model, x):
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    return torch.from_numpy(compiled([x.numpy()])[0])
+
+
+def test_a_partition_converts_without_torch_export(monkeypatch):
+    # The usual way: OpenVINO's FX decoder on the graph itself (no retrace, no
+    # decompositions run again): the export way must not be reached.
+    from arbiter.backends import _openvino_convert as oc
+
+    def no_export(*a, **k):
+        raise AssertionError("the export way was taken")
+
+    monkeypatch.setattr(oc, "export_program", no_export)
+    gm, x, ref = _linear_gelu_graph()
+    model = oc.convert(gm, (x,), {torch.float32: "f32"})
+    torch.testing.assert_close(_run_converted(model, x), ref, **TOL)
+
+
+def test_a_partition_the_decoder_refuses_converts_by_torch_export(monkeypatch):
+    from arbiter.backends import _openvino_convert as oc
+
+    taken = []
+    real = oc.export_program
+
+    def refuse(gm, dynamic):
+        raise RuntimeError("Conversion is failed for: aten.t.default")
+
+    def export(*a, **k):
+        taken.append(True)
+        return real(*a, **k)
+
+    monkeypatch.setattr(oc, "_convert_direct", refuse)
+    monkeypatch.setattr(oc, "export_program", export)
+    gm, x, ref = _linear_gelu_graph()
+    model = oc.convert(gm, (x,), {torch.float32: "f32"})
+    assert taken
+    torch.testing.assert_close(_run_converted(model, x), ref, **TOL)
