@@ -97,6 +97,61 @@ def test_close_predictions_time_the_two_best_once_each(two):
     assert _choose(two, table, gm)[0].timed is None
 
 
+def test_a_close_runner_up_that_compiles_far_longer_is_not_timed(two):
+    # the default runs the fastest placement at about the cost of one compile: a runner-up
+    # predicted within the margin but to compile in ten times the best's is left alone
+    from dataclasses import replace
+
+    from arbiter.plan.policy import COMPILE_SHARE, COMPILE_SLACK_S
+
+    gm = trace(mlp, *_args())
+    table = {"costly": replace(calib(10.0), compile_s=(0.5, 0.01)),
+             "cheap": replace(calib(11.0), compile_s=(10.0, 0.5)),
+             "eager": calib(0, node_us=50)}
+    choice, _ = _choose(two, table, gm)
+    chosen = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+    assert "only costly" in chosen.labels and choice.timed is None
+    # within the allowance: timed as before
+    nodes = sum(n.op == "call_function" for n in gm.graph.nodes)
+    best_s = 0.5 + 0.01 * nodes
+    table["cheap"] = replace(calib(11.0), compile_s=(COMPILE_SHARE * best_s + COMPILE_SLACK_S
+                                                     - 0.01 * nodes - 0.05, 0.01))
+    timed = _choose(two, table, gm)[0].timed
+    assert timed is not None and [c.labels for c in timed.candidates][1] == ["only cheap"]
+    # a calibration without compile times (written before they were kept): timed
+    table["cheap"] = calib(11.0)
+    assert _choose(two, table, gm)[0].timed is not None
+
+
+def test_the_calibration_prices_a_compile_by_partition_and_node():
+    from arbiter.plan.predict import predict_compile_s
+
+    block = next(iter(BLOCKS))
+    m = Measured({"call": 10.0}, {}, {}, nodes={block: [["linear", 1.0, True]] * 40},
+                 compile_s={"call": 0.4, block: 2.4})
+    assert m.compile_model() == (0.4, 0.05)  # (2.4 - 0.4) / 40 nodes
+    assert Measured.from_json(json.loads(json.dumps(m.to_json()))).compile_s == m.compile_s
+    assert m.calibration(inline=False).compile_s == (0.4, 0.05)
+    assert Measured({"call": 10.0}, {}, {}).compile_model() is None  # none kept
+
+    class Part:
+        def __init__(self, backend, n):
+            self.backend, self.nodes = backend, [types_node() for _ in range(n)]
+
+    class Plan:
+        partitions = [Part("a", 10), Part("eager", 5), Part("a", 20)]
+
+    table = {"a": BackendCalibration(1.0, 0.0, compile_s=(0.4, 0.05))}
+    assert predict_compile_s(Plan, {"eager"}, table) == pytest.approx(0.4 * 2 + 0.05 * 30)
+    assert predict_compile_s(Plan, {"eager"}, {"a": BackendCalibration(1.0, 0.0)}) is None
+
+
+def types_node():
+    import types
+
+    return types.SimpleNamespace(op="call_function", target=torch.ops.aten.add.Tensor)
+
+
 def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
     """A backend that cannot run one op of a chain is cut around it at every use: each
     partition pays its call and its crossings, so the whole plan on the other backend
@@ -305,7 +360,9 @@ def test_the_budget_bounds_it_and_the_rest_is_measured_next_time(tmp_path, unpin
     assert not m.complete() and len(m.tried()) < 4
     calmod.forget()
     second = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
-    assert second.measured()["eager"].complete() and second.source == "measured"
+    m = second.measured()["eager"]
+    assert m.complete() and second.source == "measured"
+    assert set(m.compile_s) == set(m.times_us), (set(m.compile_s) ^ set(m.times_us))
 
 
 def test_first_needed_inside_a_compile_it_measures_real_tensors(tmp_path, unpinned,

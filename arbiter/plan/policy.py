@@ -16,7 +16,8 @@ Built in:
 * ``measure``: every candidate timed end to end on the first call;
 * ``calibrated``: the candidate with the lowest time predicted from this machine's
   calibration (``predict.py``); when the runner-up is predicted within ``CLOSE_MARGIN``
-  of it, both are timed on the first call and the faster runs.
+  of it and to compile in about its time (``COMPILE_SHARE``), both are timed on the first
+  call and the faster runs.
 
 The candidates are whole-graph plans, each made by the linear partitioner:
 ``priority``, then for every available compiled backend ``only <backend>`` (that
@@ -31,6 +32,7 @@ config then names it under ``policy:``.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
@@ -42,8 +44,10 @@ from .capability import CapabilityTable
 from .cost import plan_ms
 from .partition import Plan
 from .planner import Planner
-from .predict import predict
+from .predict import predict, predict_compile_s
 from .segments import SegmentTimes
+
+log = logging.getLogger(__name__)
 
 PRIORITY = "priority"
 ONLY = "only "
@@ -52,6 +56,12 @@ EAGER_MARGIN = 0.03
 #: Policy `calibrated`: a runner-up predicted within this fraction of the best is timed
 #: against it on the first call (the prediction cannot tell them apart).
 CLOSE_MARGIN = 0.25
+#: ... unless its compile is predicted to take more than COMPILE_SHARE times the best's
+#: plus COMPILE_SLACK_S (the calibration's compiles, ``predict_compile_s``): the default
+#: runs the fastest placement at the cost of about one compile, and Inductor's 14 s on
+#: BERT-base, timed beside OpenVINO's 1 s, was most of the default's first call there.
+COMPILE_SHARE = 2.0
+COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
 #: predicted slower than this many times the best prediction is not compiled and timed.
 MEASURE_FAR = 2.0
@@ -418,11 +428,26 @@ class Calibrated(Policy):
         best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
         rest = sorted((c for c in choice.candidates if c is not best),
                       key=lambda c: c.estimate_ms)
-        if not rest or rest[0].estimate_ms > best.estimate_ms * (1 + CLOSE_MARGIN):
+        close = [c for c in rest if c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)]
+        runner = _affordable(planner, best, close)
+        if runner is None:
             return base
-        runner = rest[0]
         timed = [best, runner]
         keys = {plan_key(best.plan), plan_key(runner.plan)}
-        if base is not None:
-            timed += [c for c in base.candidates[1:] if plan_key(c.plan) not in keys]
         return TimedChoice(timed, base.margin if base is not None else 0.0, search=False)
+
+
+def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:
+    """The first of ``close`` (the runners-up within CLOSE_MARGIN, nearest first) whose
+    compile is predicted within COMPILE_SHARE times the best's plus COMPILE_SLACK_S; any
+    when the calibration has no compile times for them."""
+    calib = planner.calibration() if planner.calibration is not None else {}
+    best_s = predict_compile_s(best.plan, planner.inline, calib)
+    for c in close:
+        got = predict_compile_s(c.plan, planner.inline, calib)
+        if best_s is None or got is None or got <= COMPILE_SHARE * best_s + COMPILE_SLACK_S:
+            return c
+        log.info("policy calibrated: %s is predicted within %.0f%% of %s, but not timed: "
+                 "its compile is predicted to take %.1f s against %.1f s", c.label,
+                 CLOSE_MARGIN * 100, best.label, got, best_s)
+    return None

@@ -81,6 +81,9 @@ class BackendCalibration:
     node_us: float
     cells: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     factors: dict[str, float] = field(default_factory=dict)
+    # (seconds per partition, seconds per node) of a compile and its first call, from
+    # the cells' compiles; None when not measured (``predict_compile_s``)
+    compile_s: Optional[tuple[float, float]] = None
 
     def op_us(self, cls: str, work: float, flops: bool) -> Optional[float]:
         """One node's microseconds (its ``node_us`` included) from its class and work
@@ -197,6 +200,25 @@ def block_kind(works: list[tuple[str, float, float]]) -> str:
     total = sum(flops for _, flops, _ in works)
     conv = sum(flops for cls, flops, _ in works if cls == "conv")
     return "conv" if total and conv >= total / 2 else "matmul"
+
+
+def predict_compile_s(plan: Plan, inline: set[str],
+                      calibration: dict[str, BackendCalibration]) -> Optional[float]:
+    """The predicted seconds of compiling ``plan``'s partitions (and their first calls),
+    from each backend's measured compiles (``BackendCalibration.compile_s``), or None
+    when a compiled partition's backend has none. Rough (a compiler that reuses kernels
+    across a model's repeated layers grows slower than its node count): good for telling
+    a backend that compiles in seconds from one that takes ten times as long."""
+    total = 0.0
+    for part in plan.partitions:
+        if part.backend in inline:
+            continue
+        calib = calibration.get(part.backend) or calibration.get(part.backend.split(":")[0])
+        if calib is None or calib.compile_s is None:
+            return None
+        base, per_node = calib.compile_s
+        total += base + per_node * sum(not is_getitem(n) for n in part.nodes)
+    return total
 
 
 def predict(plan: Plan, inline: set[str], calibration: dict[str, BackendCalibration],
