@@ -444,3 +444,11 @@ def test_measure_leaves_out_what_the_calibration_puts_far_behind(two):
     be.planner.calibration = lambda measure=True: {"cheap": table["cheap"]}
     choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
     assert "only costly" in [lab for c in choice.timed.candidates for lab in c.labels]
+
+
+def test_arbiter_backends_shows_what_a_compile_costs():
+    from arbiter.measure.calibration import backend_row
+
+    row = backend_row(BackendCalibration(8.0, 0.0, compile_s=(0.4, 0.05)))
+    assert "compile 0.40 s + 50.0 ms/node" in row
+    assert "compile" not in backend_row(BackendCalibration(8.0, 0.0))
