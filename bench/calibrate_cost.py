@@ -155,9 +155,26 @@ def main(argv=None) -> int:
     for name, r in rows.items():
         lines.append(f"  {name}: {{call_us: {r['call_us']}, node_us: {r['node_us']}, "
                      f"gflops: {r['gflops']}, gbps: {r['gbps']}}}")
+    lines += _compile_section(args.out)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _compile_section(path: str) -> list[str]:
+    """The existing table's ``compile`` rows and the comment above them, as they are (they
+    are measured apart, not by this script)."""
+    try:
+        text = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    start = next((i for i, ln in enumerate(text) if ln.startswith("compile:")), None)
+    if start is None:
+        return []
+    head = start
+    while head > 0 and text[head - 1].startswith("#"):
+        head -= 1
+    return text[head:]
 
 
 if __name__ == "__main__":

@@ -97,59 +97,57 @@ def test_close_predictions_time_the_two_best_once_each(two):
     assert _choose(two, table, gm)[0].timed is None
 
 
-def test_a_close_runner_up_that_compiles_far_longer_is_not_timed(two):
-    # the default runs the fastest placement at about the cost of one compile: a runner-up
-    # predicted within the margin but to compile in ten times the best's is left alone
+def _with_compile_rows(monkeypatch, rows: dict) -> None:
     from dataclasses import replace
 
+    from arbiter.plan import predict as predmod
+
+    table = replace(load_table(), compile=rows)
+    monkeypatch.setattr(predmod, "load_table", lambda path=None: table)
+
+
+def test_a_close_runner_up_that_compiles_far_longer_is_not_timed(two, monkeypatch):
+    # the default runs the fastest placement at about the cost of one compile: a runner-up
+    # predicted within the margin but to compile in ten times the best's is left alone
     from arbiter.plan.policy import COMPILE_SHARE, COMPILE_SLACK_S
 
     gm = trace(mlp, *_args())
-    table = {"costly": replace(calib(10.0), compile_s=(0.5, 0.01)),
-             "cheap": replace(calib(11.0), compile_s=(10.0, 0.5)),
-             "eager": calib(0, node_us=50)}
+    table = {"costly": calib(10.0), "cheap": calib(11.0), "eager": calib(0, node_us=50)}
+    _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0), "cheap": (10.0, 500.0)})
     choice, _ = _choose(two, table, gm)
     chosen = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
     assert "only costly" in chosen.labels and choice.timed is None
     # within the allowance: timed as before
     nodes = sum(n.op == "call_function" for n in gm.graph.nodes)
     best_s = 0.5 + 0.01 * nodes
-    table["cheap"] = replace(calib(11.0), compile_s=(COMPILE_SHARE * best_s + COMPILE_SLACK_S
-                                                     - 0.01 * nodes - 0.05, 0.01))
+    _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0), "cheap": (
+        COMPILE_SHARE * best_s + COMPILE_SLACK_S - 0.01 * nodes - 0.05, 10.0)})
     timed = _choose(two, table, gm)[0].timed
     assert timed is not None and [c.labels for c in timed.candidates][1] == ["only cheap"]
-    # a calibration without compile times (written before they were kept): timed
-    table["cheap"] = calib(11.0)
+    # a backend without a compile row: timed
+    _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0)})
     assert _choose(two, table, gm)[0].timed is not None
 
 
-def test_the_calibration_prices_a_compile_by_partition_and_node():
+def test_a_compile_is_priced_by_backend_and_node():
+    import types
+    from dataclasses import replace
+
     from arbiter.plan.predict import predict_compile_s
 
-    block = next(iter(BLOCKS))
-    m = Measured({"call": 10.0}, {}, {}, nodes={block: [["linear", 1.0, True]] * 40},
-                 compile_s={"call": 0.4, block: 2.4})
-    assert m.compile_model() == (0.4, 0.05)  # (2.4 - 0.4) / 40 nodes
-    assert Measured.from_json(json.loads(json.dumps(m.to_json()))).compile_s == m.compile_s
-    assert m.calibration(inline=False).compile_s == (0.4, 0.05)
-    assert Measured({"call": 10.0}, {}, {}).compile_model() is None  # none kept
+    def part(backend, n):
+        nodes = [types.SimpleNamespace(op="call_function", target=torch.ops.aten.add.Tensor)
+                 for _ in range(n)]
+        return types.SimpleNamespace(backend=backend, nodes=nodes)
 
-    class Part:
-        def __init__(self, backend, n):
-            self.backend, self.nodes = backend, [types_node() for _ in range(n)]
-
-    class Plan:
-        partitions = [Part("a", 10), Part("eager", 5), Part("a", 20)]
-
-    table = {"a": BackendCalibration(1.0, 0.0, compile_s=(0.4, 0.05))}
-    assert predict_compile_s(Plan, {"eager"}, table) == pytest.approx(0.4 * 2 + 0.05 * 30)
-    assert predict_compile_s(Plan, {"eager"}, {"a": BackendCalibration(1.0, 0.0)}) is None
-
-
-def types_node():
-    import types
-
-    return types.SimpleNamespace(op="call_function", target=torch.ops.aten.add.Tensor)
+    plan = types.SimpleNamespace(partitions=[part("a", 10), part("eager", 5), part("a", 20),
+                                             part("a:bf16", 10)])
+    table = replace(load_table(), compile={"a": (0.4, 50.0)})
+    # the first compile's start-up once per backend, every node at its rate
+    assert predict_compile_s(plan, {"eager"}, table) == pytest.approx(0.4 + 0.05 * 40)
+    assert predict_compile_s(plan, {"eager"}, replace(table, compile={})) is None
+    shipped = load_table().compile
+    assert shipped["openvino"][1] < shipped["onnxruntime"][1] < shipped["inductor"][1]
 
 
 def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
@@ -360,9 +358,7 @@ def test_the_budget_bounds_it_and_the_rest_is_measured_next_time(tmp_path, unpin
     assert not m.complete() and len(m.tried()) < 4
     calmod.forget()
     second = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
-    m = second.measured()["eager"]
-    assert m.complete() and second.source == "measured"
-    assert set(m.compile_s) == set(m.times_us), (set(m.compile_s) ^ set(m.times_us))
+    assert second.measured()["eager"].complete() and second.source == "measured"
 
 
 def test_first_needed_inside_a_compile_it_measures_real_tensors(tmp_path, unpinned,
@@ -445,10 +441,3 @@ def test_measure_leaves_out_what_the_calibration_puts_far_behind(two):
     choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
     assert "only costly" in [lab for c in choice.timed.candidates for lab in c.labels]
 
-
-def test_arbiter_backends_shows_what_a_compile_costs():
-    from arbiter.measure.calibration import backend_row
-
-    row = backend_row(BackendCalibration(8.0, 0.0, compile_s=(0.4, 0.05)))
-    assert "compile 0.40 s + 50.0 ms/node" in row
-    assert "compile" not in backend_row(BackendCalibration(8.0, 0.0))

@@ -159,8 +159,6 @@ class Measured:
     load: Optional[float] = None  # load average per core when measuring began
     # block cell name -> its graph's nodes as (op class, work, work is FLOPs)
     nodes: dict[str, list] = field(default_factory=dict)
-    # cell name -> seconds its compile and first call took (``compile_model``)
-    compile_s: dict[str, float] = field(default_factory=dict)
 
     def tried(self) -> set[str]:
         return set(self.times_us) | set(self.refused)
@@ -191,23 +189,11 @@ class Measured:
                 got = self.times_us[name] - call_us
                 factors[kind] = round(min(FACTOR_RANGE[1], max(FACTOR_RANGE[0],
                                                                got / sum(parts))), 4)
-        return replace(ops, factors=factors, compile_s=self.compile_model())
-
-    def compile_model(self) -> Optional[tuple[float, float]]:
-        """(seconds per partition, seconds per node) of this backend's compiles: the
-        per-call cell's compile (8 tiny nodes) is the fixed part, the whole blocks' give
-        the rate per node (the slower of the two); None without those cells' compiles."""
-        base = self.compile_s.get("call")
-        rates = [(self.compile_s[name] - base) / len(self.nodes[name]) for name in BLOCKS
-                 if base is not None and name in self.compile_s and self.nodes.get(name)]
-        if not rates:
-            return None
-        return round(base, 4), round(max(0.0, *rates), 6)
+        return replace(ops, factors=factors)
 
     def to_json(self) -> dict:
         return {"times_us": self.times_us, "work": self.work, "refused": self.refused,
-                "seconds": round(self.seconds, 2), "load": self.load, "nodes": self.nodes,
-                "compile_s": self.compile_s}
+                "seconds": round(self.seconds, 2), "load": self.load, "nodes": self.nodes}
 
     @classmethod
     def from_json(cls, raw: Any) -> Optional["Measured"]:
@@ -220,8 +206,7 @@ class Measured:
                        float(raw.get("seconds", 0.0)),
                        None if raw.get("load") is None else float(raw["load"]),
                        {str(k): [[str(c), float(w), bool(f)] for c, w, f in v]
-                        for k, v in (raw.get("nodes") or {}).items() if k in BLOCKS},
-                       {str(k): float(v) for k, v in (raw.get("compile_s") or {}).items()})
+                        for k, v in (raw.get("nodes") or {}).items() if k in BLOCKS})
         except (TypeError, ValueError, AttributeError):
             return None
 
@@ -331,14 +316,12 @@ class Calibrator:
                 self._show(f"calibrating {b}: {name} ({self._elapsed():.0f} s so far)")
                 t0 = time.perf_counter()
                 got = self._compiled(b, gm, args)
-                took = time.perf_counter() - t0
-                out[b].seconds += took
+                out[b].seconds += time.perf_counter() - t0
                 if isinstance(got, str):
                     out[b].refused[name] = got
                     log.info("calibration: %s %s not measured: %s", b, name, got)
                 else:
                     fns[b] = got
-                    out[b].compile_s[name] = round(took, 4)
             if not fns:
                 continue
             t0 = time.perf_counter()

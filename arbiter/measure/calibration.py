@@ -259,8 +259,8 @@ def forget() -> None:
 
 def backend_row(calib: Optional[BackendCalibration]) -> str:
     """One backend's calibration in a few words (``arbiter backends``): its per-call (or
-    per-node) cost, each class's rate at its largest calibrated size, its factor for
-    whole blocks of each kind, and what a compile costs."""
+    per-node) cost, each class's rate at its largest calibrated size, and its factor for
+    whole blocks of each kind."""
     if calib is None:
         return "not calibrated"
     parts = [f"call {calib.call_us:.1f} us" if calib.call_us else
@@ -271,7 +271,4 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
         unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
         parts.append(f"{cls} {rate:.3g} {unit}")
     parts += [f"{kind} blocks x{f:.2f} of op by op" for kind, f in calib.factors.items()]
-    if calib.compile_s is not None:
-        base, per_node = calib.compile_s
-        parts.append(f"compile {base:.2f} s + {per_node * 1e3:.1f} ms/node")
     return ", ".join(parts)

@@ -13,13 +13,15 @@ symbolic size counts as its hint when it has one, else as 1.
 The per-backend numbers live in ``arbiter/plan/cost_table.yaml``, written by
 ``bench/calibrate_cost.py`` from microbenchmarks on the machine it ran on (see
 docs/policies.md). A backend missing from the table gets the table's ``default`` row.
+Its ``compile`` rows (what a compile costs, measured apart: bench/README.md) are kept
+by that script as they are.
 """
 from __future__ import annotations
 
 import functools
 import importlib.resources
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -49,6 +51,9 @@ class CostTable:
     default: BackendCost
     boundary_us: float
     source: str
+    # backend -> (seconds its first compile in a process adds, milliseconds per node):
+    # what policy `calibrated` weighs before compiling a runner-up (predict_compile_s)
+    compile: dict = field(default_factory=dict)
 
     def of(self, backend: str) -> BackendCost:
         # a lower-precision variant (`openvino:bf16`) is costed as its backend
@@ -75,7 +80,9 @@ def load_table(path: Optional[str] = None) -> CostTable:
         source = path
     data = yaml.safe_load(text)
     return CostTable({k: _row(v) for k, v in (data.get("backends") or {}).items()},
-                     _row(data["default"]), float(data["boundary_us"]), source)
+                     _row(data["default"]), float(data["boundary_us"]), source,
+                     {k: (float(v["first_s"]), float(v["ms_per_node"]))
+                      for k, v in (data.get("compile") or {}).items()})
 
 
 def _size(s: Any) -> int:

@@ -57,9 +57,9 @@ EAGER_MARGIN = 0.03
 #: against it on the first call (the prediction cannot tell them apart).
 CLOSE_MARGIN = 0.25
 #: ... unless its compile is predicted to take more than COMPILE_SHARE times the best's
-#: plus COMPILE_SLACK_S (the calibration's compiles, ``predict_compile_s``): the default
-#: runs the fastest placement at the cost of about one compile, and Inductor's 14 s on
-#: BERT-base, timed beside OpenVINO's 1 s, was most of the default's first call there.
+#: plus COMPILE_SLACK_S (the cost table's compile rows, ``predict_compile_s``): the
+#: default runs the fastest placement at about the cost of one compile, and Inductor's
+#: 14 s on BERT-base, timed beside OpenVINO's 1 s, was most of its first call there.
 COMPILE_SHARE = 2.0
 COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
@@ -439,12 +439,11 @@ class Calibrated(Policy):
 
 def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:
     """The first of ``close`` (the runners-up within CLOSE_MARGIN, nearest first) whose
-    compile is predicted within COMPILE_SHARE times the best's plus COMPILE_SLACK_S; any
-    when the calibration has no compile times for them."""
-    calib = planner.calibration() if planner.calibration is not None else {}
-    best_s = predict_compile_s(best.plan, planner.inline, calib)
+    compile is predicted within COMPILE_SHARE times the best's plus COMPILE_SLACK_S (the
+    cost table's compile rows); any when a compile cannot be predicted."""
+    best_s = predict_compile_s(best.plan, planner.inline)
     for c in close:
-        got = predict_compile_s(c.plan, planner.inline, calib)
+        got = predict_compile_s(c.plan, planner.inline)
         if best_s is None or got is None or got <= COMPILE_SHARE * best_s + COMPILE_SLACK_S:
             return c
         log.info("policy calibrated: %s is predicted within %.0f%% of %s, but not timed: "

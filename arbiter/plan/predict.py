@@ -81,9 +81,6 @@ class BackendCalibration:
     node_us: float
     cells: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     factors: dict[str, float] = field(default_factory=dict)
-    # (seconds per partition, seconds per node) of a compile and its first call, from
-    # the cells' compiles; None when not measured (``predict_compile_s``)
-    compile_s: Optional[tuple[float, float]] = None
 
     def op_us(self, cls: str, work: float, flops: bool) -> Optional[float]:
         """One node's microseconds (its ``node_us`` included) from its class and work
@@ -203,21 +200,27 @@ def block_kind(works: list[tuple[str, float, float]]) -> str:
 
 
 def predict_compile_s(plan: Plan, inline: set[str],
-                      calibration: dict[str, BackendCalibration]) -> Optional[float]:
-    """The predicted seconds of compiling ``plan``'s partitions (and their first calls),
-    from each backend's measured compiles (``BackendCalibration.compile_s``), or None
-    when a compiled partition's backend has none. Rough (a compiler that reuses kernels
-    across a model's repeated layers grows slower than its node count): good for telling
-    a backend that compiles in seconds from one that takes ten times as long."""
-    total = 0.0
+                      table: Optional[CostTable] = None) -> Optional[float]:
+    """The predicted seconds of compiling ``plan``'s partitions (first calls included):
+    per backend its first compile in a process, per partition its nodes at the backend's
+    rate (the cost table's ``compile`` rows), or None when a compiled partition's backend
+    has no row. Rough (Inductor's rate on convolutions is six times its rate on a
+    transformer's matmuls), but it tells a backend that compiles BERT-base in a second
+    from one that takes fifteen."""
+    table = table or load_table()
+    total, started = 0.0, set()
     for part in plan.partitions:
         if part.backend in inline:
             continue
-        calib = calibration.get(part.backend) or calibration.get(part.backend.split(":")[0])
-        if calib is None or calib.compile_s is None:
+        base = part.backend.split(":")[0]
+        row = table.compile.get(part.backend) or table.compile.get(base)
+        if row is None:
             return None
-        base, per_node = calib.compile_s
-        total += base + per_node * sum(not is_getitem(n) for n in part.nodes)
+        first_s, ms_per_node = row
+        if base not in started:
+            total += first_s
+            started.add(base)
+        total += ms_per_node / 1e3 * sum(not is_getitem(n) for n in part.nodes)
     return total
 
 
