@@ -124,6 +124,12 @@ def test_a_close_runner_up_that_compiles_far_longer_is_not_timed(two, monkeypatc
         COMPILE_SHARE * best_s + COMPILE_SLACK_S - 0.01 * nodes - 0.05, 10.0)})
     timed = _choose(two, table, gm)[0].timed
     assert timed is not None and [c.labels for c in timed.candidates][1] == ["only cheap"]
+    # a training graph times it whatever it costs (its steps repay the compile)
+    _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0), "cheap": (10.0, 500.0)})
+    be = arbiter.Arbiter(two)
+    be.planner.calibration = lambda measure=True: table
+    fwd = get_policy("calibrated").decide(be.planner, gm, GraphContext("forward"))
+    assert fwd.timed is not None and [c.labels for c in fwd.timed.candidates][1] == ["only cheap"]
     # a backend without a compile row: timed
     _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0)})
     assert _choose(two, table, gm)[0].timed is not None

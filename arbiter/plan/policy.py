@@ -56,10 +56,11 @@ EAGER_MARGIN = 0.03
 #: Policy `calibrated`: a runner-up predicted within this fraction of the best is timed
 #: against it on the first call (the prediction cannot tell them apart).
 CLOSE_MARGIN = 0.25
-#: ... unless its compile is predicted to take more than COMPILE_SHARE times the best's
-#: plus COMPILE_SLACK_S (the cost table's compile rows, ``predict_compile_s``): the
-#: default runs the fastest placement at about the cost of one compile, and Inductor's
-#: 14 s on BERT-base, timed beside OpenVINO's 1 s, was most of its first call there.
+#: ... unless, for an inference graph, its compile is predicted to take more than
+#: COMPILE_SHARE times the best's plus COMPILE_SLACK_S (the cost table's compile rows,
+#: ``predict_compile_s``): the default runs the fastest placement at about the cost of
+#: one compile, and Inductor's 14 s on BERT-base, timed beside OpenVINO's 1 s, was most of
+#: its first call there. Training graphs time the runner-up whatever it costs.
 COMPILE_SHARE = 2.0
 COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
@@ -429,7 +430,11 @@ class Calibrated(Policy):
         rest = sorted((c for c in choice.candidates if c is not best),
                       key=lambda c: c.estimate_ms)
         close = [c for c in rest if c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)]
-        runner = _affordable(planner, best, close)
+        # a training run's steps repay a second compile, and the calibration, measured on
+        # inference cells, predicts training graphs worst (BERT-style: OpenVINO first,
+        # whose 39 cut partitions ran 1.8x slower than the Inductor it had timed)
+        runner = _affordable(planner, best, close) if graph.kind == "inference" \
+            else (close[0] if close else None)
         if runner is None:
             return base
         timed = [best, runner]
