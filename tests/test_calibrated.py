@@ -92,6 +92,12 @@ def test_close_predictions_time_the_two_best_once_each(two):
     assert timed is not None and not timed.search
     labels = [c.labels for c in timed.candidates]
     assert len(labels) == 2 and "only costly" in labels[0] and "only cheap" in labels[1]
+    # with `against_eager` for the graph, eager whole is timed beside the two
+    be = arbiter.Arbiter(two)
+    be.planner.calibration = lambda measure=True: table
+    both = get_policy("calibrated").decide(be.planner, gm, GraphContext(
+        "inference", against_eager="all")).timed
+    assert [c.labels for c in both.candidates][2] == ["only eager"], both.candidates
     # beyond the margin: nothing timed
     table["cheap"] = calib(10.0 * (1 + 2 * CLOSE_MARGIN) + 5)
     assert _choose(two, table, gm)[0].timed is None

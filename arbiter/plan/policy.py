@@ -439,6 +439,8 @@ class Calibrated(Policy):
             return base
         timed = [best, runner]
         keys = {plan_key(best.plan), plan_key(runner.plan)}
+        if base is not None:
+            timed += [c for c in base.candidates[1:] if plan_key(c.plan) not in keys]
         return TimedChoice(timed, base.margin if base is not None else 0.0, search=False)
 
 
