@@ -44,6 +44,7 @@ from .report.assemble import assemble
 from .report.build import SHAPE_EAGER_WARN, shape_eager_share
 from .run.build import Builder
 from .run.first_use import FirstUse
+from .run.fold import fold_constants
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
@@ -244,6 +245,8 @@ class Arbiter:
                 _ARBITERS.append(weakref.ref(self))
 
         def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
+            if kind == "inference":  # position ids and masks made of no input (run/fold.py)
+                fold_constants(graph)
             # the backward graph compiles later, at the first backward: owner kept here
             return self._compile_graph(graph, kind, constants, owner=owner,
                                        started=None if kind == "backward" else called)

@@ -1,0 +1,145 @@
+"""What an inference graph computes from no input at all, computed once when it compiles.
+
+Transformers set up position indices and masks from ``arange``, ``full`` and ``ones``
+whose sizes the graph fixes: GPT-2's causal mask and position ids, T5's relative-position
+buckets. Those nodes read no placeholder (no input, no weight), so every call computes the
+same values; but they are integer and boolean arithmetic that a backend may refuse
+(OpenVINO holds int64 in 32 bits), and then the graph is cut around them: GPT-2 and T5's
+encoder ran as OpenVINO, eager, OpenVINO, eager, four partitions, where the backend could
+take the whole rest. ``fold_constants`` computes such nodes once with real tensors and
+replaces the values the rest of the graph reads by constants (``get_attr``, as a frozen
+weight), so the partitioner never sees them.
+
+Kept as computed, not folded:
+
+* random ops (``nondeterministic_seeded``), uninitialized memory (``empty*``), mutating
+  ops, ops with several outputs;
+* a value the graph returns, or one a view op reads (its result could be returned): the
+  caller must get a tensor of its own on every call, never the folded constant;
+* past ``MAX_BYTES`` in all (a folded constant lives as long as the compiled graph).
+
+Inference graphs only (training graphs are left as they are); in a symbolic graph what
+depends on a symbolic size reads an input, and stays.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx
+
+log = logging.getLogger(__name__)
+
+#: Folded constants of one graph take at most this much memory.
+MAX_BYTES = 16 * 2 ** 20
+PREFIX = "_arbiter_folded_"
+
+
+def fold_constants(gm: torch.fx.GraphModule) -> int:
+    """Fold ``gm``'s input-independent nodes (see the module) in place; the number of
+    nodes folded (0: ``gm`` untouched)."""
+    free = _independent(gm)
+    _keep_outputs_fresh(free)
+    frontier = [n for n in gm.graph.nodes if n in free
+                and any(u not in free for u in n.users)]
+    if not frontier:
+        return 0
+    values = _evaluate(gm, free)
+    taken = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    k = 0
+    for n in frontier:
+        while f"{PREFIX}{k}" in taken or hasattr(gm, f"{PREFIX}{k}"):
+            k += 1
+        name = f"{PREFIX}{k}"
+        gm.register_buffer(name, values[n])
+        taken.add(name)
+        with gm.graph.inserting_before(n):
+            const = gm.graph.get_attr(name)
+        const.meta = dict(n.meta)
+        n.replace_all_uses_with(const, delete_user_cb=lambda u: u not in free)
+    folded = 0
+    for n in reversed(list(gm.graph.nodes)):
+        if n in free and not n.users:
+            gm.graph.erase_node(n)
+            folded += 1
+    gm.graph.lint()
+    gm.recompile()
+    log.info("folded %d input-independent node(s) into %d constant(s)", folded,
+             len(frontier))
+    return folded
+
+
+def _foldable(n: torch.fx.Node) -> bool:
+    op = n.target
+    if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+        return False
+    schema = op._schema
+    if torch.Tag.nondeterministic_seeded in op.tags or schema.is_mutable \
+            or "empty" in schema.name or len(schema.returns) != 1:
+        return False
+    val = n.meta.get("val")
+    return isinstance(val, torch.Tensor) and not _symbolic(val)
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in t.shape)
+
+
+def _independent(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """Nodes computed from constants alone, within MAX_BYTES."""
+    free: set[torch.fx.Node] = set()
+    consts = {n for n in gm.graph.nodes if n.op == "get_attr"}
+    total = 0
+    for n in gm.graph.nodes:
+        if not _foldable(n) or not all(a in free or a in consts for a in n.all_input_nodes):
+            continue
+        val = n.meta["val"]
+        size = val.numel() * val.element_size()
+        if total + size > MAX_BYTES:
+            continue
+        free.add(n)
+        total += size
+    return free
+
+
+def _keep_outputs_fresh(free: set[torch.fx.Node]) -> None:
+    """Unfold what the output or a view (or a non-ATen op such as ``getitem``) reads,
+    until nothing folded is read so (the caller must never hold a folded constant)."""
+    changed = True
+    while changed:
+        changed = False
+        for n in list(free):
+            for u in n.users:
+                if u in free:
+                    continue
+                if u.op != "call_function" or u.target is operator.getitem \
+                        or not isinstance(u.target, torch._ops.OpOverload) \
+                        or u.target.is_view or u.target._schema.name == "aten::alias":
+                    free.discard(n)
+                    changed = True
+                    break
+
+
+def _evaluate(gm: torch.fx.GraphModule, free: set[torch.fx.Node]) -> dict:
+    """The folded nodes' values, real tensors, outside the compile's fake mode."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from ..ops import attr_value
+
+    env: dict = {}
+
+    def value(a):
+        if isinstance(a, torch.fx.Node):
+            if a.op == "get_attr":
+                return attr_value(gm, a.target)
+            return env[a]
+        return a
+
+    with _disable_current_modes(), torch._guards.tracing(None), torch.no_grad():
+        for n in gm.graph.nodes:
+            if n in free:
+                args = torch.fx.node.map_aggregate(n.args, value)
+                kwargs = torch.fx.node.map_aggregate(n.kwargs, value)
+                env[n] = n.target(*args, **kwargs)
+    return env
