@@ -197,8 +197,12 @@ def node_reports(plan: Plan) -> list[NodeReport]:
         return n.name
 
     out = []
+    first = next((n for p in plan.partitions for n in p.nodes), None)
+    # within a partition, the graph's (the model's) order: the partitioner's is any
+    # topological one (ready nodes first), which a folded input moves (run/fold.py)
+    order = {} if first is None else {n: k for k, n in enumerate(first.graph.nodes)}
     for p in plan.partitions:
-        for n in p.nodes:
+        for n in sorted(p.nodes, key=lambda m: order.get(m, 0)):
             if is_getitem(n):
                 continue
             ins = [s for s in (source(i) for i in n.all_input_nodes) if s is not None]

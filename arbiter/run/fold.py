@@ -56,7 +56,9 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         taken.add(name)
         with gm.graph.inserting_before(n):
             const = gm.graph.get_attr(name)
-        const.meta = dict(n.meta)
+        # the value's description only: a constant computes nothing in any module (the
+        # report's module rows follow the nodes that do)
+        const.meta = {k: n.meta[k] for k in ("val", "tensor_meta") if k in n.meta}
         n.replace_all_uses_with(const, delete_user_cb=lambda u: u not in free)
     folded = 0
     for n in reversed(list(gm.graph.nodes)):
