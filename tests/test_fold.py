@@ -86,3 +86,17 @@ def test_a_compiled_model_runs_its_mask_inside_the_backend(make_backend, fresh_d
     torch.testing.assert_close(out, _masked(x)[0])
     parts = [p for g in be.graphs for p in g.plan.partitions]
     assert [p.backend for p in parts] == ["nomask"], parts
+
+
+def test_a_failing_fold_leaves_the_graph_as_it_was(monkeypatch):
+    from arbiter.run import fold
+
+    def boom(gm, free):
+        raise RuntimeError("no memory for it")
+
+    monkeypatch.setattr(fold, "_evaluate", boom)
+    x = torch.randn(2, 5, 5)
+    gm = make_fx(_masked)(x)
+    before = str(gm.graph)
+    assert fold.fold_constants(gm) == 0 and str(gm.graph) == before
+    torch.testing.assert_close(gm(x)[0], _masked(x)[0])

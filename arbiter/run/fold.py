@@ -45,7 +45,12 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
                 and any(u not in free for u in n.users)]
     if not frontier:
         return 0
-    values = _evaluate(gm, free)
+    try:
+        values = _evaluate(gm, free)
+    except Exception as exc:  # noqa: BLE001 - never fail the user's compile for it
+        log.warning("folding the graph's input-independent nodes failed (%s: %s); they "
+                    "stay in the graph", type(exc).__name__, exc)
+        return 0
     taken = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     k = 0
     for n in frontier:
