@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Optional
 
 import torch
 

@@ -51,19 +51,17 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         log.warning("folding the graph's input-independent nodes failed (%s: %s); they "
                     "stay in the graph", type(exc).__name__, exc)
         return 0
-    taken = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     k = 0
     for n in frontier:
-        while f"{PREFIX}{k}" in taken or hasattr(gm, f"{PREFIX}{k}"):
+        while hasattr(gm, f"{PREFIX}{k}"):  # a get_attr's target is an attribute too
             k += 1
         name = f"{PREFIX}{k}"
         gm.register_buffer(name, values[n])
-        taken.add(name)
         with gm.graph.inserting_before(n):
             const = gm.graph.get_attr(name)
         # the value's description only: a constant computes nothing in any module (the
         # report's module rows follow the nodes that do)
-        const.meta = {k: n.meta[k] for k in ("val", "tensor_meta") if k in n.meta}
+        const.meta = {key: n.meta[key] for key in ("val", "tensor_meta") if key in n.meta}
         n.replace_all_uses_with(const, delete_user_cb=lambda u: u not in free)
     folded = 0
     for n in reversed(list(gm.graph.nodes)):
@@ -122,7 +120,7 @@ def _keep_outputs_fresh(free: set[torch.fx.Node]) -> None:
                     continue
                 if u.op != "call_function" or u.target is operator.getitem \
                         or not isinstance(u.target, torch._ops.OpOverload) \
-                        or u.target.is_view or u.target._schema.name == "aten::alias":
+                        or u.target.is_view:  # aten.alias included
                     free.discard(n)
                     changed = True
                     break
