@@ -217,3 +217,50 @@ def test_write_through_data_is_not_seen(fresh_dynamo):
     _same(compiled, m, x)
     m[0].weight.data.mul_(0.5)
     _same(compiled, m, x)
+
+
+class _NaNBuffer(nn.Module):
+    """A buffer holding NaN (a mask or a sentinel): equal to itself by bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("fill", torch.tensor([float("nan"), 1.0, 2.0, 3.0]))
+
+    def forward(self, x):
+        return self.lin(x) + torch.nan_to_num(self.fill)
+
+
+def test_a_buffer_holding_nan_is_not_refrozen(fresh_dynamo):
+    be = _arbiter("default")
+    torch.manual_seed(0)
+    m, x = _NaNBuffer().eval(), torch.randn(2, 4)
+    compiled = torch.compile(m, backend=be)
+    for _ in range(3):
+        _same(compiled, m, x)
+    assert _events(be) == []
+
+
+def test_guard_sees_a_write_without_version_bump():
+    """What BatchNorm's eager kernel does to its statistics, written into the buffers'
+    memory without autograd seeing it: contiguous buffers (compared as one block of
+    bytes), a non-contiguous one (compared alone) and a 0-d one."""
+    from arbiter.run.freeze import WeightGuard
+
+    weight = torch.randn(8, 8)
+    mean = torch.zeros(8)
+    strided = torch.zeros(4, 6).t()  # not contiguous
+    count = torch.tensor(0)
+    tensors = [weight, mean, strided, count]
+    inputs = [("w", "parameter"), ("mean", "buffer"), ("s", "buffer"), ("n", "buffer")]
+    guard = WeightGuard([1, 2, 3, 4], tensors, inputs)
+    args = [torch.randn(2, 8), *tensors]
+    assert guard.matches(args)
+    for t, raw in ((mean, mean.data), (strided, strided.data), (count, count.data)):
+        before = t.clone()
+        raw.add_(1)  # through .data: no version bump
+        assert t._version == 0 or guard._versions[tensors.index(t)] == t._version
+        assert not guard.matches(args)
+        assert "new values, same version" in guard.why(args)
+        raw.copy_(before)
+        assert guard.matches(args)

@@ -16,8 +16,9 @@ The stitched module still receives the frozen placeholders as arguments on every
   (another instance, a replaced parameter, ``.to()``/``.half()``) has another data
   pointer, since the frozen tensors are kept alive here and so their memory cannot be
   reused. Cost: two C attribute reads per weight (about 60 ns each; bench/README.md).
-  Small buffers (``VALUE_CHECK_BYTES``) are also compared by value, about 1 us each:
-  BatchNorm's eager kernel writes its running statistics without a version bump.
+  Small buffers (``VALUE_CHECK_BYTES``) are also compared, byte for byte, all of them
+  in one numpy comparison (ResNet-50's 106: about 30 us): BatchNorm's eager kernel
+  writes its running statistics without a version bump.
   Not seen: a write through ``p.data`` (``p.data.mul_()``) to a parameter or a large
   buffer, which has a version counter of its own; docs/design.md says so.
 * on a change: re-freeze, i.e. build the graph's pieces again around the new weights
@@ -78,6 +79,20 @@ class WeightGuard:
                  if kind == "buffer" and t.numel() * t.element_size() <= VALUE_CHECK_BYTES]
         self._valued = [self.positions[k] for k in small]
         self._snapshots = [tensors[k].clone() for k in small]
+        # The contiguous ones on the CPU are compared in one go: a call reaches the value
+        # check only when every argument has its frozen tensor's data pointer (and
+        # Dynamo's guards its shape, strides and dtype), so its bytes are the frozen
+        # tensor's memory, read here through byte views made once. numpy's, not torch's:
+        # torch's copy and comparison of ResNet-50's 300 KB wake its OpenMP pool (3 ms
+        # per call against ONNX Runtime's spinning threads); numpy's stay on this thread
+        # (31 us, against 84 us one by one with torch.equal; bench/README.md,
+        # "freeze_guard.py"). Bytes, not values: a NaN equals itself (by value, a buffer
+        # holding NaN was re-frozen at every call).
+        byte_views = [_bytes_of(tensors[k]) for k in small]
+        self._byte_views = [v for v in byte_views if v is not None]
+        self._byte_snapshot = _concat(self._byte_views) if self._byte_views else None
+        self._one_by_one = [(i, snap) for i, snap, v in
+                            zip(self._valued, self._snapshots, byte_views) if v is None]
 
     def _args(self, args: Sequence[Any]) -> list:
         got = self._pick(args)
@@ -91,7 +106,10 @@ class WeightGuard:
                 return False
         except (TypeError, AttributeError):  # not a tensor where a weight was
             return False
-        for i, snap in zip(self._valued, self._snapshots):
+        if self._byte_snapshot is not None and \
+                not _np().array_equal(_concat(self._byte_views), self._byte_snapshot):
+            return False
+        for i, snap in self._one_by_one:
             if not torch.equal(args[i], snap):
                 return False
         return True
@@ -108,11 +126,42 @@ class WeightGuard:
                 found.append(f"{name}: another tensor (new data pointer)")
             elif t._version != version:
                 found.append(f"{name}: changed in place (version {version} -> {t._version})")
-            elif i in valued and not torch.equal(t, valued[i]):
+            elif i in valued and not _same_values(t, valued[i]):
                 found.append(f"{name}: changed in place (new values, same version)")
         more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         return (f"{len(found)} of {len(self.names)} frozen weight(s) changed: "
                 f"{'; '.join(found[:3])}{more}")
+
+
+def _bytes_of(t: torch.Tensor):
+    """A flat uint8 numpy view of ``t``'s memory, or None where ``t`` is not one plain
+    contiguous block on the CPU (a reshape would copy it, and the copy would never change)."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg() \
+            or t.layout != torch.strided:
+        return None
+    try:
+        return t.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _np():
+    import numpy
+
+    return numpy
+
+
+def _concat(views: list):
+    return _np().concatenate(views)
+
+
+def _same_values(t: torch.Tensor, snapshot: torch.Tensor) -> bool:
+    """The byte comparison of ``matches`` where both are plain blocks, else ``torch.equal``."""
+    a, b = _bytes_of(t), _bytes_of(snapshot)
+    if a is None or b is None:
+        return bool(torch.equal(t, snapshot))
+    return bool(_np().array_equal(a, b))
 
 
 class FrozenGraph:
