@@ -23,12 +23,14 @@ class MeasureOptions(BaseModel):
                                  "after this long per graph (compiles included); what is "
                                  "left unmeasured is ranked by `cost`")
     repeats: StrictInt = Field(5, ge=1, description="interleaved timing rounds (each times "
-                               "every candidate once, the order rotating); the median counts")
+                               "every candidate once, the order rotating); the median counts. "
+                               "Two rounds end it where the fastest candidate's slowest "
+                               "sample is 15% below every other's fastest")
     max_repeats: StrictInt = Field(15, ge=1, description="more rounds, up to this many, while "
                                    "the fastest candidate's quartiles overlap another's "
                                    "(within `time_budget_s`)")
-    warmup: StrictInt = Field(2, ge=0, description="untimed runs before timing (at least one "
-                        "always runs: it compiles)")
+    warmup: StrictInt = Field(2, ge=0, description="untimed runs before timing (at least two "
+                        "always run: the first compiles, the last sizes the samples)")
     refine: bool = Field(True, description="after the whole-graph candidates, move one "
                          "partition of the best at a time to another able backend, keeping "
                          "moves that beat it by more than 3% (Collage-style), within the budget")
