@@ -368,7 +368,7 @@ class Arbiter:
                 self._follow_spin(c.plan)
                 return build(c.plan)
 
-            graph = GraphToMeasure(gm, constants, record, label, build_timed, install,
+            graph = GraphToMeasure(gm, record, label, build_timed, install,
                                    before_s=time.perf_counter() - (started or start))
             fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
                                accuracy=acc, per_module=per_module)

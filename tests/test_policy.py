@@ -300,7 +300,8 @@ def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, m
     def sample(cand, fn, inner, args):
         order.append(cand.label)
         fn(*args)
-        return {"only fast": 1.0}.get(cand.label, 1.2) + 0.01 * (len(order) % 3)
+        # within FAR_APART (1.15): the quartiles decide, after `repeats` rounds
+        return {"only fast": 1.0}.get(cand.label, 1.1) + 0.01 * (len(order) % 3)
 
     monkeypatch.setattr(Timing, "sample", staticmethod(sample))
     be = arbiter.Arbiter(_config(tmp_path, refine=False, repeats=3, max_repeats=9))
@@ -319,6 +320,28 @@ def test_interleaved_rounds_stop_when_the_winner_is_apart(slow_fast, tmp_path, m
 
     text = " ".join(render(be.report(advice=False), width=400).split())
     assert "3 interleaved rounds, winner apart from the rest" in text
+
+
+def test_rounds_stop_after_two_when_the_winner_is_far_apart(slow_fast, tmp_path,
+                                                            monkeypatch, fresh_dynamo):
+    """Two rounds suffice when the fastest's slowest sample is FAR_APART below every
+    other's fastest: no later round could change the choice (the runner-up check of
+    policy `calibrated` on BERT-base: 77 ms against eager's 106)."""
+    from arbiter.measure.timing import FAR_APART, Timing
+
+    order: list[str] = []
+
+    def sample(cand, fn, inner, args):
+        order.append(cand.label)
+        fn(*args)
+        return {"only fast": 1.0}.get(cand.label, 1.0 * FAR_APART + 0.05)
+
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False, repeats=5, max_repeats=9))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    assert out.rounds == 2 and out.chosen == "only fast"
+    assert all(order.count(lab) == 2 for lab in set(order)), order
 
 
 def test_close_candidates_get_more_rounds_up_to_the_limit(slow_fast, tmp_path, monkeypatch,
@@ -733,3 +756,42 @@ def test_a_moves_compile_is_predicted_per_new_partition(slow_fast):
         took["only " + p.backend] * max(p.size / total, MOVE_MIN_SHARE) for p in parts))
     # eager (inline) compiles nothing
     assert move_compile_s(cands["only eager"].plan, prio, took, total, {"eager"}) == 0.0
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = torch.nn.Parameter(torch.randn(8, generator=g))
+
+    def forward(self, x):
+        return torch.relu(x * self.w + 1) + x
+
+
+def test_a_decision_is_reused_for_other_weights_of_the_same_architecture(
+        slow_fast, tmp_path, monkeypatch, fresh_dynamo):
+    """The decision cache keys the frozen weights' shapes, not their bytes (a placement's
+    speed does not depend on them; hashing BERT-base's took 0.5 s of every first call):
+    a second model with other weights is not timed again, and computes its own output."""
+    from arbiter.measure.timing import Timing
+
+    timed: list[str] = []
+
+    def sample(cand, fn, inner, args):
+        timed.append(cand.label)
+        return _synthetic_time(cand, fn, inner, args)
+
+    monkeypatch.setattr(Timing, "sample", staticmethod(sample))
+    x = torch.randn(4, 8)
+    chosen = []
+    for seed in (1, 2):
+        torch._dynamo.reset()
+        model = _Scaled(seed).eval()
+        be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False))
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend=be)(x), model(x))
+        chosen.append(_graph(be).outcome.chosen)
+        if seed == 1:
+            assert timed, "the first model's candidates were timed"
+            timed.clear()
+    assert timed == [] and chosen[0] == chosen[1]

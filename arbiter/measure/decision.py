@@ -7,9 +7,14 @@ candidate's measured time, for the report. On disk and on the wire it is JSON
 (``to_json``, ``from_json``): an entry of another shape is no decision.
 
 * **The cache key** (``DecisionCache.for_graph``): the graph, its real input shapes and
-  dtypes, its frozen weights' bytes, the planner's ``decision_parts`` (config, backends'
-  versions and manifests), and ``measure.mix_max_segments`` when mixing is on (mixing
-  adds a candidate: a decision made without it is made again).
+  dtypes, its frozen weights' shapes, dtypes and strides (not their bytes), the
+  planner's ``decision_parts`` (config, backends' versions and manifests), and
+  ``measure.mix_max_segments`` when mixing is on (mixing adds a candidate: a decision
+  made without it is made again). Not the weights' bytes: a placement's speed does not
+  depend on them, a decision for a lower precision is checked again on the call's own
+  inputs before it is installed (``MeasuredGraph._apply``), and every piece is verified
+  as on any first call; hashing them took 0.5 s of BERT-base's first call in every
+  process (440 MB) where no backend's artifact needed them (OpenVINO's).
 * **Distributed** (``process_group``, ``send``, ``receive``): every rank must run the
   same backend for the same subgraph, so rank 0 alone decides (cache or timing) and
   broadcasts its decision; the others install it untimed. Each rank's graphs reach their
@@ -79,17 +84,18 @@ class DecisionCache:
 
     @classmethod
     def for_graph(cls, cache: Optional[Cache], planner: Planner, options: Any,
-                  gm: torch.fx.GraphModule, args: Sequence[Any],
-                  constants: dict) -> Optional["DecisionCache"]:
+                  gm: torch.fx.GraphModule,
+                  args: Sequence[Any]) -> Optional["DecisionCache"]:
         """The entry of ``gm`` on these inputs (see the module docstring); None without a
         cache."""
         if cache is None:
             return None
-        parts = planner.decision_parts()
+        parts = {**planner.decision_parts(), "weights": "shapes only"}
         if getattr(options, "mix", False):
             # mixing adds a candidate: a decision made without it is made again
             parts = {**parts, "mix": options.mix_max_segments}
-        return cls(cache, fingerprint(gm, args, parts, constants))
+        # the weights are placeholders: graph_text keys their shapes, dtypes and strides
+        return cls(cache, fingerprint(gm, args, parts))
 
     def get(self) -> Any:
         """What the entry holds (None when nothing): ``Decision.from_json`` reads it."""

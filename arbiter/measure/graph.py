@@ -81,7 +81,6 @@ class GraphToMeasure:
     """One graph as the Arbiter hands it to the measuring wing."""
 
     gm: torch.fx.GraphModule
-    constants: dict  # placeholder -> frozen weight (their bytes key the decision)
     record: GraphRecord
     label: str
     build: Build  # candidate -> (stitched callable, records); pieces shared
@@ -186,7 +185,7 @@ class MeasuredGraph:
 
     def _choose(self, args: Sequence[Any]) -> None:
         entry = DecisionCache.for_graph(self._cache, self._planner, self._opts,
-                                        self._graph.gm, args, self._graph.constants)
+                                        self._graph.gm, args)
         if entry is not None:
             hit = entry.get()
             applied = self._apply(hit, args)
