@@ -61,14 +61,17 @@ SESSIONS = """
     for s in sessions:
         s.run(None, {{"x": x}})
     so = sessions[0].get_session_options()
-    try:
-        env_allocators = so.get_session_config_entry("session.use_env_allocators")
-    except Exception:  # not set
-        env_allocators = ""
+    def entry(key):
+        try:
+            return so.get_session_config_entry(key)
+        except Exception:  # not set
+            return ""
+    env_allocators = entry("session.use_env_allocators")
     print(json.dumps({{"torch_threads": torch.get_num_threads(),
                       "env_allocators": env_allocators,
                       "spinning": so.get_session_config_entry(
                           "session.intra_op.allow_spinning"),
+                      "spinning_stop": entry("session.force_spinning_stop"),
                       "per_session_threads": so.use_per_session_threads,
                       "added_threads": status("Threads") - before,
                       "rss_growth_mb": (status("VmRSS") - rss0) / 1024,
@@ -98,6 +101,7 @@ def test_without_the_spin_ort_sessions_get_the_budget_with_spinning_off():
     got = sessions("{'threads': 2, 'spin': 'none'}", 3)
     assert got["report"]["onnxruntime"]["pool"].startswith("per session, 2 thread(s)")
     assert got["per_session_threads"] is True and got["spinning"] == "0"
+    assert got["spinning_stop"] == "", got  # nothing to stop
     assert got["added_threads"] == 3, got  # one worker per session, sleeping when idle
 
 
@@ -110,6 +114,9 @@ def test_spin_auto_goes_to_the_first_backend():
     got = sessions("{'threads': 2}", 3)  # auto, ONNX Runtime first: its pool gets 2 threads
     assert got["report"]["budget"]["spin"] == "onnxruntime"
     assert got["spinning"] == "1" and got["per_session_threads"] is True
+    # the workers stop spinning when a run returns: left spinning, they held the cores
+    # 20-50 ms after it (docs/resources.md)
+    assert got["spinning_stop"] == "1", got
 
 
 def test_spin_auto_follows_the_plan_not_the_config_order():
