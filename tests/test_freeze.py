@@ -259,7 +259,7 @@ def test_guard_sees_a_write_without_version_bump():
     for t, raw in ((mean, mean.data), (strided, strided.data), (count, count.data)):
         before = t.clone()
         raw.add_(1)  # through .data: no version bump
-        assert t._version == 0 or guard._versions[tensors.index(t)] == t._version
+        assert t._version == 0
         assert not guard.matches(args)
         assert "new values, same version" in guard.why(args)
         raw.copy_(before)
