@@ -10,6 +10,7 @@ a node; they live here so that no stage borrows them from another.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 from collections.abc import Iterator
@@ -254,6 +255,18 @@ def _each_finite(t: torch.Tensor, a: Any) -> bool:
     import numpy as np
 
     return bool(np.isfinite(a).all())
+
+
+@contextlib.contextmanager
+def real_tensors() -> Iterator[None]:
+    """Real tensors inside a compile: Dynamo's backend call runs under AOTAutograd's
+    fake and functional modes and Dynamo's tracing context; work that computes real
+    values or traces graphs of its own there (folding constants, tracing a pattern, a
+    calibration) sets both aside on this thread for its duration."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._guards.tracing(None):
+        yield
 
 
 def attr_value(module: torch.nn.Module, target: str) -> Any:

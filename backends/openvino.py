@@ -36,7 +36,7 @@ from arbiter.shapes import graph_is_symbolic, input_values
 from ._export import Runner, check_inputs, distinct_outputs, outputs_of
 from ._nonfinite import ExactNonfinite
 from ._openvino_checks import VALIDATORS
-from ._openvino_convert import _for_openvino, convert  # noqa: F401 - _for_openvino: tests
+from ._openvino_convert import convert
 
 
 _PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}

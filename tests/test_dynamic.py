@@ -620,7 +620,7 @@ def test_data_dependent_sizes_cross_partitions(fresh_dynamo):
 
 def test_openvino_gets_fused_attention_and_reshapes():
     pytest.importorskip("openvino")
-    from arbiter.backends.openvino import _for_openvino
+    from arbiter.backends._openvino_convert import _for_openvino
 
     def f(q, k, v):
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v)

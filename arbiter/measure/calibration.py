@@ -33,6 +33,7 @@ import torch
 from ..cache import Cache
 from ..errors import ArbiterError
 from ..loadavg import load_average
+from ..ops import real_tensors
 from ..plan.predict import BackendCalibration
 from .calibrate import CELLS, Calibrator, Measured
 
@@ -230,15 +231,13 @@ def _measure_outside_compile(run: Any) -> Optional[dict]:
     """``run()`` outside any compile's modes, or None (logged) when it raised. A
     calibration first needed inside a compile (Dynamo's backend call: AOTAutograd's
     FakeTensorMode and tracing context) measures real tensors and compiles graphs of its
-    own, so it runs with those modes and that context set aside (as plan/patterns.py
-    traces). A calibration that fails leaves the static cost table to price the backends
+    own, so it runs with those modes and that context set aside (``ops.real_tensors``).
+    A calibration that fails leaves the static cost table to price the backends
     (plan/cost.py) and is not tried again in this process; the user's compile goes on."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
     if _FAILED:
         return None
     try:
-        with _disable_current_modes(), torch._guards.tracing(None):
+        with real_tensors():
             return run()
     except Exception as exc:  # noqa: BLE001 - never fail the user's compile for it
         _FAILED.append(f"{type(exc).__name__}: {exc}")

@@ -60,6 +60,10 @@ class CostTable:
         return self.backends.get(backend) or self.backends.get(backend.split(":")[0],
                                                                 self.default)
 
+    def compile_of(self, backend: str) -> Optional[tuple[float, float]]:
+        """``backend``'s ``compile`` row (a variant's: its backend's), None without one."""
+        return self.compile.get(backend) or self.compile.get(backend.split(":")[0])
+
 
 def _row(d: dict) -> BackendCost:
     return BackendCost(float(d["call_us"]), float(d["node_us"]), float(d["gflops"]),

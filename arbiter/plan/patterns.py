@@ -30,7 +30,7 @@ import torch.fx
 
 from ..errors import ManifestError
 from ..manifest import DTYPES, PatternEntry
-from ..ops import is_getitem, op_name, packet_name
+from ..ops import is_getitem, op_name, packet_name, real_tensors
 from ..registry import Backend
 from .capability import CapabilityTable, NodeSupport, dtype_device_refused, value_descs
 from . import pattern_library
@@ -113,7 +113,6 @@ def trace_pattern(fn: Callable, shapes: Sequence[Sequence[int]], dtype: torch.dt
     traced with distinct fake tensors of ``shapes`` and ``dtype`` (nothing computes)."""
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _disable_current_modes
 
     got: list = []
 
@@ -128,7 +127,7 @@ def trace_pattern(fn: Callable, shapes: Sequence[Sequence[int]], dtype: torch.dt
     try:
         # a planner may be built inside Dynamo's backend call (backend="arbiter"): trace
         # outside its tracing context and modes, with real tensors
-        with _disable_current_modes(), torch._guards.tracing(None), torch.no_grad():
+        with real_tensors(), torch.no_grad():
             args = [fake.from_tensor(torch.empty(*s, dtype=dtype))
                     for s in shapes]
             aot_function(fn, fw_compiler=capture, inference_compiler=capture)(*args)

@@ -212,11 +212,11 @@ def predict_compile_s(plan: Plan, inline: set[str],
     for part in plan.partitions:
         if part.backend in inline:
             continue
-        base = part.backend.split(":")[0]
-        row = table.compile.get(part.backend) or table.compile.get(base)
+        row = table.compile_of(part.backend)
         if row is None:
             return None
         first_s, ms_per_node = row
+        base = part.backend.split(":")[0]  # a variant's first compile is its backend's
         if base not in started:
             total += first_s
             started.add(base)

@@ -29,6 +29,8 @@ import operator
 import torch
 import torch.fx
 
+from ..ops import attr_value, real_tensors
+
 log = logging.getLogger(__name__)
 
 #: Folded constants of one graph take at most this much memory.
@@ -128,10 +130,6 @@ def _keep_outputs_fresh(free: set[torch.fx.Node]) -> None:
 
 def _evaluate(gm: torch.fx.GraphModule, free: set[torch.fx.Node]) -> dict:
     """The folded nodes' values, real tensors, outside the compile's fake mode."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    from ..ops import attr_value
-
     env: dict = {}
 
     def value(a):
@@ -141,7 +139,7 @@ def _evaluate(gm: torch.fx.GraphModule, free: set[torch.fx.Node]) -> dict:
             return env[a]
         return a
 
-    with _disable_current_modes(), torch._guards.tracing(None), torch.no_grad():
+    with real_tensors(), torch.no_grad():
         for n in gm.graph.nodes:
             if n in free:
                 args = torch.fx.node.map_aggregate(n.args, value)
