@@ -107,12 +107,94 @@ def _constant_nonzero(x: Any) -> bool:
     return False
 
 
+#: Ops whose output is >= 0 (or NaN, only where an input or an upstream source is) when
+#: their first argument is non-negative too: reductions of such values.
+_KEEPS_SIGN = ("aten.mean.dim", "aten.mean.default", "aten.sum.dim_IntList", "aten.sum.default",
+               "aten.amax.default")
+#: Ops whose output is >= 0 whatever their finite input: an even power, an absolute value,
+#: a variance (their own NaN, where one is possible, is a source of its own).
+_NONNEGATIVE = ("aten.abs.default", "aten.relu.default", "aten.var.correction",
+                "aten.var.dim", "aten.std.correction", "aten.exp.default")
+
+
+def _positive_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and \
+        math.isfinite(x)
+
+
+def nonnegative(x: Any, depth: int = 0) -> bool:
+    """Whether ``x`` (a node or a number) is >= 0 or +inf for every finite input: an even
+    power, ``x * x``, an absolute value, relu, exp, a variance, and means, sums and
+    additions of such values. NaN from upstream is not this function's concern: an
+    upstream source is tapped itself (``taps`` follows every value it reaches)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x >= 0
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or depth > 8:
+        return False
+    name = op_name(x.target)
+    if name in _NONNEGATIVE:
+        return True
+    if name == "aten.pow.Tensor_Scalar":
+        e = x.args[1]
+        return isinstance(e, (int, float)) and not isinstance(e, bool) and \
+            float(e).is_integer() and int(e) % 2 == 0
+    if name == "aten.mul.Tensor" and len(x.args) > 1 and x.args[0] is x.args[1]:
+        return True
+    if name == "aten.add.Tensor":  # alpha scales the second: it must keep its sign
+        alpha = x.kwargs.get("alpha", 1)
+        return nonnegative(x.args[0], depth + 1) and nonnegative(x.args[1], depth + 1) \
+            and nonnegative(alpha)
+    if name in _KEEPS_SIGN or name == "aten.sqrt.default":
+        return nonnegative(x.args[0], depth + 1)
+    if name in ("aten.clamp_min.default", "aten.clamp.default") and len(x.args) > 1:
+        return isinstance(x.args[1], (int, float)) and nonnegative(x.args[1])
+    return False
+
+
+def positive(x: Any, depth: int = 0) -> bool:
+    """Whether ``x`` is > 0 (or +inf) for every finite input: a positive number, a
+    non-negative value plus a positive constant (a norm's ``variance + eps``), one
+    clamped below by a positive constant, or the square root of such a value."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return _positive_number(x)
+    if not isinstance(x, torch.fx.Node) or x.op != "call_function" or depth > 8:
+        return False
+    name = op_name(x.target)
+    if name in ("aten.add.Tensor", "aten.add.Scalar") and len(x.args) > 1:
+        a, b = x.args[0], x.args[1]
+        alpha = x.kwargs.get("alpha", 1)
+        if not _positive_number(alpha):
+            return False
+        return (nonnegative(a) and positive(b, depth + 1)) or \
+            (positive(a, depth + 1) and nonnegative(b))
+    if name in ("aten.clamp_min.default", "aten.clamp.default") and len(x.args) > 1:
+        return _positive_number(x.args[1])
+    if name == "aten.sqrt.default" and x.args:  # a norm's sqrt(var + eps) as a divisor
+        return positive(x.args[0], depth + 1)
+    return False
+
+
+#: Sources that make no NaN or inf when their argument is positive (``positive``) or, for
+#: the square root, non-negative: a norm's ``rsqrt(mean(x ** 2) + eps)`` (T5's, LLaMA's).
+_SAFE_ON_POSITIVE = ("aten.rsqrt.default", "aten.reciprocal.default", "aten.log.default",
+                     "aten.log2.default", "aten.log10.default")
+
+
 def makes_nonfinite(node: torch.fx.Node) -> bool:
     """Whether ``node`` can make NaN or inf out of finite inputs (``SOURCES``), judged
     with its arguments where they settle it (a division by a non-zero number cannot; nor
-    a power with a non-negative integer exponent, nor a mean over a non-empty extent)."""
+    a power with a non-negative integer exponent, nor a mean over a non-empty extent, nor
+    a root, reciprocal or log of a value that is positive whatever the input: a norm's
+    ``rsqrt(mean(x ** 2) + eps)``)."""
     name = op_name(node.target)
     packet = packet_name(name)
+    if name in _SAFE_ON_POSITIVE and node.args and positive(node.args[0]):
+        return False
+    if name == "aten.sqrt.default" and node.args and nonnegative(node.args[0]):
+        return False
+    if name in ("aten.div.Tensor", "aten.true_divide.Tensor") and len(node.args) > 1 and \
+            positive(node.args[1]):
+        return False
     if name in MEANS:
         sizes = reduced_sizes(node)
         return sizes is None or any(may_be_zero(s) for s in sizes)
