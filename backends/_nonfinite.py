@@ -146,31 +146,60 @@ def nonnegative(x: Any, depth: int = 0) -> bool:
             and nonnegative(alpha)
     if name in _KEEPS_SIGN or name == "aten.sqrt.default":
         return nonnegative(x.args[0], depth + 1)
-    if name in ("aten.clamp_min.default", "aten.clamp.default") and len(x.args) > 1:
-        return isinstance(x.args[1], (int, float)) and nonnegative(x.args[1])
+    if name in ("aten.clamp_min.default", "aten.clamp.default"):
+        low = _clamped_from(x)
+        return low is not None and low >= 0
     return False
 
 
+def _floor(node: torch.fx.Node) -> float:
+    """The least constant that stays positive in ``node``'s dtype: a float dtype's
+    smallest normal number (float16's is 6.1e-5: an ``eps`` of 1e-6 there is subnormal,
+    and flushed to zero where denormals are), 1 for integers; unknown dtype: none."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return math.inf
+    return torch.finfo(val.dtype).smallest_normal if val.is_floating_point() else 1.0
+
+
+def _clamped_from(node: torch.fx.Node) -> Any:
+    """A clamp's lower bound when it holds (no upper bound below it: ``clamp(x, 1, -1)``
+    is -1 everywhere), else None."""
+    if len(node.args) < 2 or not isinstance(node.args[1], (int, float)) or \
+            isinstance(node.args[1], bool):
+        return None
+    low = node.args[1]
+    high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if high is not None and not (isinstance(high, (int, float)) and high >= low):
+        return None
+    return low
+
+
 def positive(x: Any, depth: int = 0) -> bool:
-    """Whether ``x`` is > 0 (or +inf) for every finite input: a positive number, a
-    non-negative value plus a positive constant (a norm's ``variance + eps``), one
-    clamped below by a positive constant, or the square root of such a value."""
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return _positive_number(x)
+    """Whether the node ``x`` is > 0 (or +inf) for every finite input: a non-negative
+    value plus a positive constant (a norm's ``variance + eps``), one clamped below by a
+    positive constant, or the square root of such a value. A constant counts when it is
+    a normal number of the node's dtype (``_floor``)."""
     if not isinstance(x, torch.fx.Node) or x.op != "call_function" or depth > 8:
         return False
     name = op_name(x.target)
+    floor = _floor(x)
+
+    def pos(v: Any) -> bool:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return _positive_number(v) and v >= floor
+        return positive(v, depth + 1)
+
     if name in ("aten.add.Tensor", "aten.add.Scalar") and len(x.args) > 1:
         a, b = x.args[0], x.args[1]
-        alpha = x.kwargs.get("alpha", 1)
-        if not _positive_number(alpha):
-            return False
-        return (nonnegative(a) and positive(b, depth + 1)) or \
-            (positive(a, depth + 1) and nonnegative(b))
-    if name in ("aten.clamp_min.default", "aten.clamp.default") and len(x.args) > 1:
-        return _positive_number(x.args[1])
+        if x.kwargs.get("alpha", 1) != 1:
+            return False  # a + alpha * b: not judged
+        return (nonnegative(a) and pos(b)) or (pos(a) and nonnegative(b))
+    if name in ("aten.clamp_min.default", "aten.clamp.default"):
+        low = _clamped_from(x)
+        return low is not None and pos(low)
     if name == "aten.sqrt.default" and x.args:  # a norm's sqrt(var + eps) as a divisor
-        return positive(x.args[0], depth + 1)
+        return pos(x.args[0])
     return False
 
 

@@ -348,6 +348,15 @@ def test_a_norms_root_of_a_positive_value_is_no_source():
                  x) == ["log_1"]
     assert _taps(lambda x: (torch.relu(x / (x.abs() + torch.clamp_min(x, 0.5))),), x) == []
     assert _taps(lambda x: (torch.relu(x / (x + 0.5)),), x) == ["div"]
+    # a clamp whose upper bound lies below its lower one is that upper bound everywhere
+    assert _taps(lambda x: (torch.relu(x / torch.clamp(x, 0.5, -1.0)),), x) == ["div"]
+    assert _taps(lambda x: (torch.relu(x / torch.clamp(x, 0.5, 2.0)),), x) == []
+    # in float16, an eps of 1e-6 is subnormal (flushed to zero where denormals are)
+    h = x.half()
+    assert _taps(lambda x: (torch.relu(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)),),
+                 h) == ["rsqrt"]
+    assert _taps(lambda x: (torch.relu(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-3)),),
+                 h) == []
 
 
 # -- 5. OpenVINO's 32-bit integers ---------------------------------------------------------
