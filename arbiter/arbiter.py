@@ -45,6 +45,7 @@ from .report.build import SHAPE_EAGER_WARN, shape_eager_share
 from .run.build import Builder
 from .run.first_use import FirstUse
 from .run.fold import fold_constants
+from .run.legacy_cat import drop_legacy_empty
 from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
@@ -245,6 +246,7 @@ class Arbiter:
                 _ARBITERS.append(weakref.ref(self))
 
         def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
+            drop_legacy_empty(graph)  # a cache's first cat(empty(0), key) (run/legacy_cat.py)
             if kind == "inference":  # position ids and masks made of no input (run/fold.py)
                 fold_constants(graph)
             # the backward graph compiles later, at the first backward: owner kept here

@@ -102,6 +102,9 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
       frontend translates that into OpenVINO's fused attention, the other into MatMul,
       Softmax and Transposes (on the BERT-style encoder of bench/dynamic_shapes.py: 4
       Transposes instead of 16, no Broadcast or Reorder nodes in the symbolic model).
+      Grouped heads (``enable_gqa``: key and value with fewer heads) are repeated to the
+      query's first (``_repeat_heads``): OpenVINO's attention takes equal heads only
+      ("key_input_correctness"), and its translation of the kernel failed on them too.
       Random ones (``dropout_p`` > 0) never reach a backend."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     view = torch.ops.aten.view.default if reshape else None
@@ -129,10 +132,14 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     bound = dict(zip(names, node.args), **node.kwargs)
     if bound.get("dropout_p", 0.0) != 0.0:
         return
+    groups = _groups(bound["query"], bound["key"], bound["value"])
+    if groups is None:
+        return
     with graph.inserting_before(node):
+        key, value = (_repeat_heads(graph, bound[k], groups) for k in ("key", "value"))
         sdpa = graph.call_function(
             torch.ops.aten.scaled_dot_product_attention.default,
-            (bound["query"], bound["key"], bound["value"], bound.get("attn_mask"), 0.0,
+            (bound["query"], key, value, bound.get("attn_mask"), 0.0,
              bool(bound.get("is_causal", False))), {"scale": bound.get("scale")})
     sdpa.meta = dict(node.meta)
     if isinstance(node.meta.get("val"), (tuple, list)):
@@ -142,6 +149,41 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
             u.replace_all_uses_with(sdpa)
         graph.erase_node(u)
     graph.erase_node(node)
+
+
+def _groups(*nodes: torch.fx.Node):
+    """Query heads per key/value head of an attention (grouped-query attention: the CPU
+    flash kernel takes key and value with fewer heads; OpenVINO's attention does not),
+    or None where the heads are not static or do not divide."""
+    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in nodes]
+    if any(not isinstance(v, torch.Tensor) or v.dim() != 4 for v in vals):
+        return None
+    hq, hk, hv = (v.shape[1] for v in vals)
+    if hk == hq and hv == hq:  # symbolic heads too (one attention per head, as before)
+        return 1
+    if not all(isinstance(h, int) for h in (hq, hk, hv)) or hk != hv or hk < 1 or hq % hk:
+        return None
+    return hq // hk
+
+
+def _repeat_heads(graph: torch.fx.Graph, node: torch.fx.Node, groups: int) -> torch.fx.Node:
+    """``node`` (batch, heads, length, dim) with each head repeated ``groups`` times in
+    place (``repeat_interleave`` on the heads, SDPA's ``enable_gqa``), as nodes OpenVINO
+    converts; sizes left to the runtime (-1, flatten), so a symbolic length stays so."""
+    if groups == 1:
+        return node
+    aten = torch.ops.aten
+    out = node
+    steps = ((aten.unsqueeze.default, (2,)),
+             (aten.expand.default, ([-1, -1, groups, -1, -1],)),
+             (aten.flatten.using_ints, (1, 2)))
+    for op, args in steps:
+        prev = out
+        out = graph.call_function(op, (prev,) + args)
+        val = prev.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            out.meta["val"] = op(val, *args)
+    return out
 
 
 def _partial_shape(value, arg: torch.Tensor):

@@ -344,6 +344,34 @@ def test_flash_attention_decompositions_with_a_mask_equal_aten(causal, mask_shap
     _assert_flash_equals_the_kernel(q, k, v, causal, attn_mask=mask)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(6, 2), (4, 1)])
+def test_flash_attention_with_grouped_heads_equals_aten(causal, heads):
+    """Grouped-query attention (SDPA's ``enable_gqa``: key and value with fewer heads,
+    query head h reading key/value head h // groups; LLaMA's, Mistral's, Qwen's): the
+    kernel takes it, and so does the decomposition (it declined it: the op stayed whole,
+    and ONNX Runtime's and OpenVINO's exports failed on it, "Incompatible dimensions").
+    Outputs, logsumexp and gradients, each key/value head's summed over its group."""
+    torch.manual_seed(heads[0] + causal)
+    q = torch.randn(2, heads[0], 7, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, heads[1], 9, 8, dtype=torch.float64) for _ in range(2))
+    mask = torch.randn(2, 1, 7, 9, dtype=torch.float64)
+    _assert_flash_equals_the_kernel(q, k, v, causal)
+    _assert_flash_equals_the_kernel(q, k, v, causal, attn_mask=mask)
+
+
+def test_flash_attention_declines_heads_that_do_not_group():
+    """Key and value heads that differ, or do not divide the query's: NotImplemented (the
+    op stays whole), never a guess."""
+    from arbiter.decompose.own import _flash_attention_for_cpu
+
+    q = torch.randn(1, 6, 4, 8)
+    assert _flash_attention_for_cpu(q, torch.randn(1, 4, 4, 8), torch.randn(1, 4, 4, 8)) \
+        is NotImplemented
+    assert _flash_attention_for_cpu(q, torch.randn(1, 2, 4, 8), torch.randn(1, 3, 4, 8)) \
+        is NotImplemented
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_flash_attention_inference_decomposes_to_one_softmax(masked):
     """In an inference graph (the logsumexp unread) the attention decomposes to one
@@ -443,14 +471,68 @@ def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
             [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
 
 
-def test_a_declined_decomposition_leaves_the_op_whole(make_backend, tmp_path, fresh_dynamo):
-    """SDPA with grouped heads (fewer key/value heads than query heads): arbiter's
-    decomposition declines it (it keeps the op itself), so a backend that asked for the
-    decomposition is asked about the op as it is and takes it whole by its manifest
-    entry, as before it asked (declined nodes were refused once, and T5's and GPT-2's
-    inference graphs, whose masked attention was declined then, fell into 13 and 25
-    partitions with attention in eager)."""
+class GroupedAttention(nn.Module):
+    """Grouped-query attention as LLaMA-style models call it (4 query heads, 2 key/value
+    heads, causal, SDPA's ``enable_gqa``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv, self.out = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, 4, 8).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, 2, 8).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, 32))
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_grouped_query_attention_runs_on_the_backend(backend, fresh_dynamo):
+    """Inference: one partition on the backend, no fallback, outputs equal eager's (both
+    failed to compile it and fell back to eager: ONNX Runtime's export "Incompatible
+    dimensions", OpenVINO's attention "key_input_correctness")."""
+    pytest.importorskip(backend, reason=f"{backend} is not installed")
+    torch.manual_seed(0)
+    model, x = GroupedAttention().eval(), torch.randn(2, 16, 32)
+    be = arbiter.Arbiter({"backends": [backend], "min_block_size": 1, "against_eager": "off",
+                          "policy": "priority"})
+    with torch.no_grad():
+        out = torch.compile(model, backend=be)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    (g,) = be.report(advice=False).graphs
+    assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == [(backend, False)], \
+        [(p.backend, p.fallbacks) for p in g.partitions]
+
+
+def test_grouped_query_attention_training_stays_on_onnx_runtime(fresh_dynamo):
+    """A training step: forward and backward each one ONNX Runtime partition, gradients
+    (each key/value head's summed over its group) equal eager's."""
+    torch.manual_seed(0)
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "inductor"], "min_block_size": 1,
+                          "against_eager": "off"})
+    _train(GroupedAttention(), (torch.randn(2, 16, 32),), be)
+    report = be.report(advice=False)
+    assert {g.kind for g in report.graphs} == {"forward", "backward"}
+    for g in report.graphs:
+        assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == \
+            [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
+
+
+def test_a_declined_decomposition_leaves_the_op_whole(make_backend, tmp_path, fresh_dynamo,
+                                                     monkeypatch):
+    """SDPA whose heads the decomposition declines (made so here: the real declines are
+    dropout, which never reaches a backend, and heads that do not group): it keeps the op
+    itself, so a backend that asked for the decomposition is asked about the op as it is
+    and takes it whole by its manifest entry, as before it asked (declined nodes were
+    refused once, and T5's and GPT-2's inference graphs, whose masked attention was
+    declined then, fell into 13 and 25 partitions with attention in eager)."""
     from conftest import write_manifest
+
+    import arbiter.decompose.own as own
+
+    monkeypatch.setattr(own, "_heads", lambda *a: None)
 
     flash = "aten._scaled_dot_product_flash_attention_for_cpu.default"
     make_backend("asks", [flash, "aten.mul.Tensor"])

@@ -56,9 +56,9 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 def _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask=None):
     """S = q k^T * scale + attn_mask, -inf above the diagonal when causal (top-left
     aligned, as the CPU flash kernel does); None where that does not apply (dropout: the
-    op stays whole; other than 4-d, grouped heads, not floating point, a mask of another
-    dtype than the query's: the kernel refuses those, SDPA turns a boolean mask into an
-    additive one first)."""
+    op stays whole; other than 4-d, not floating point, a mask of another dtype than the
+    query's: the kernel refuses those, SDPA turns a boolean mask into an additive one
+    first). ``key`` has the query's heads (``_heads``)."""
     aten = torch.ops.aten
     if dropout_p != 0.0:
         return None
@@ -78,6 +78,41 @@ def _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask=None):
     return s
 
 
+def _heads(query, key, value):
+    """How many query heads share one key/value head (grouped-query attention, SDPA's
+    ``enable_gqa``: the CPU flash kernel takes key and value with fewer heads, query head
+    ``h`` reading key/value head ``h // groups``); None where that is not a whole number
+    of static heads (the op then stays whole)."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return None
+    hq, hk, hv = query.shape[1], key.shape[1], value.shape[1]
+    if hk == hq and hv == hq:  # symbolic heads too, as before grouped heads were taken
+        return 1
+    if not all(isinstance(h, int) for h in (hq, hk, hv)) or hk != hv or hk < 1 or hq % hk:
+        return None
+    return hq // hk
+
+
+def _repeat_heads(t, groups: int):
+    """``t`` (batch, heads, length, dim) with each head repeated ``groups`` times in place
+    (``repeat_interleave`` on the heads, as SDPA's reference does for ``enable_gqa``)."""
+    if groups == 1:
+        return t
+    aten = torch.ops.aten
+    b, h, n, d = t.shape
+    wide = aten.expand.default(aten.unsqueeze.default(t, 2), [b, h, groups, n, d])
+    return aten.reshape.default(wide, [b, h * groups, n, d])
+
+
+def _sum_heads(grad, groups: int):
+    """The gradient of ``_repeat_heads``: each group of ``groups`` heads summed."""
+    if groups == 1:
+        return grad
+    aten = torch.ops.aten
+    b, h, n, d = grad.shape
+    return aten.sum.dim_IntList(aten.reshape.default(grad, [b, h // groups, groups, n, d]), [2])
+
+
 def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *,
                              attn_mask=None, scale=None):
     """``_scaled_dot_product_flash_attention_for_cpu`` as matmuls and a softmax, with
@@ -92,6 +127,10 @@ def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, 
     decomposed graph's dead-code pass then drops it (T5-small's six attentions through
     ONNX Runtime were nine ops each, the softmax written out through the logsumexp)."""
     aten = torch.ops.aten
+    groups = _heads(query, key, value)
+    if groups is None:
+        return NotImplemented
+    key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
     s = _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
@@ -116,6 +155,10 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
     lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
     dK = dS^T Q * scale (no gradient for the mask, as the kernel)."""
     aten = torch.ops.aten
+    groups = _heads(query, key, value)
+    if groups is None:
+        return NotImplemented
+    key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
     s = _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask)
     if s is None:
         return NotImplemented
@@ -128,7 +171,7 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
     grad_query = aten.mul.Scalar(aten.matmul.default(ds, key), scale)
     grad_key = aten.mul.Scalar(aten.matmul.default(aten.transpose.int(ds, -2, -1), query),
                                scale)
-    return grad_query, grad_key, grad_value
+    return grad_query, _sum_heads(grad_key, groups), _sum_heads(grad_value, groups)
 
 
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
