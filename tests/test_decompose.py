@@ -471,6 +471,49 @@ def test_attention_training_stays_on_onnx_runtime(causal, fresh_dynamo):
             [("onnxruntime", False)], (g.kind, [(p.backend, p.fallbacks) for p in g.partitions])
 
 
+def test_safe_softmax_decomposition_equals_aten():
+    """``_safe_softmax``: rows of -inf give 0, partly masked rows the softmax, a NaN row
+    NaN, over every dimension."""
+    from arbiter.decompose.own import _safe_softmax
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5)
+    x[0, 1, :] = float("-inf")
+    x[1, 2, :3] = float("-inf")
+    x[2, 0, 1] = float("nan")
+    for dim in (-1, 0, 1):
+        torch.testing.assert_close(_safe_softmax(x, dim),
+                                   torch.ops.aten._safe_softmax.default(x, dim),
+                                   equal_nan=True, rtol=0, atol=0)
+    assert _safe_softmax(x, -1, torch.float64) is NotImplemented
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_safe_softmax_runs_on_the_backend(backend, fresh_dynamo):
+    """A graph with ``_safe_softmax`` (SDPA's math path, Falcon-style attention) is one
+    partition on the backend, equal to eager with a fully masked row (OpenVINO kept it in
+    eager: PyTorch's decomposition needs ``all.dim``, which it does not list)."""
+    pytest.importorskip(backend, reason=f"{backend} is not installed")
+    mask = torch.zeros(6, 6)
+    mask[2] = float("-inf")
+    mask[4, :3] = float("-inf")
+
+    def f(x, w):
+        s = torch.ops.aten._safe_softmax.default(x @ w + mask, -1)
+        return torch.relu(s @ x) * 2.0
+
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 6), torch.randn(6, 6)
+    be = arbiter.Arbiter({"backends": [backend], "min_block_size": 1, "against_eager": "off",
+                          "policy": "priority"})
+    with torch.no_grad():
+        out = torch.compile(f, backend=be)(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    (g,) = be.report(advice=False).graphs
+    assert [(p.backend, bool(p.fallbacks)) for p in g.partitions] == [(backend, False)], \
+        [(p.backend, p.ops) for p in g.partitions]
+
+
 class GroupedAttention(nn.Module):
     """Grouped-query attention as LLaMA-style models call it (4 query heads, 2 key/value
     heads, causal, SDPA's ``enable_gqa``)."""

@@ -16,7 +16,24 @@ def extra() -> dict:
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
                 _flash_attention_for_cpu,
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
-                _flash_attention_for_cpu_backward}
+                _flash_attention_for_cpu_backward,
+            torch.ops.aten._safe_softmax.default: _safe_softmax}
+
+
+def _safe_softmax(x, dim, dtype=None):
+    """``_safe_softmax`` (SDPA's math path: a row whose every entry is -inf gives 0, not
+    NaN) as ``_softmax`` and a ``where`` on the row's maximum (``max.dim``, which both
+    ONNX Runtime's and OpenVINO's manifests hold) being -inf. PyTorch's decomposition
+    finds those rows with ``all.dim`` of ``eq(x, -inf)``, which OpenVINO's frontend does
+    not list: Falcon-style attention kept every ``_safe_softmax`` in eager (a four-layer
+    one ran as nine partitions, 0.85x eager). A NaN row stays NaN, as in the kernel.
+    Floating inputs computed in their own dtype only."""
+    aten = torch.ops.aten
+    if not x.is_floating_point() or (dtype is not None and dtype != x.dtype):
+        return NotImplemented
+    probs = aten._softmax.default(x, dim, False)
+    dead = aten.eq.Scalar(aten.max.dim(x, dim, True)[0], float("-inf"))
+    return aten.where.self(dead, aten.zeros_like.default(probs), probs)
 
 
 def _squeeze_dims(x, dims):
