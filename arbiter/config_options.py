@@ -98,7 +98,9 @@ class VerifyOptions(BaseModel):
     mode: Literal["off", "unverified", "first", "every"] = Field(
         "unverified", description="`unverified` (the default): check the first call on a "
         "backend of each partition that holds an (op, dtype) no probe verified for the way "
-        "the graph uses it (arbiter/plan/evidence.py); a failure demotes the partition and "
+        "the graph uses it (arbiter/plan/evidence.py), or several compute nodes (compiled "
+        "together: no probe ran that; arbiter/run/first_use.py); a failure demotes the "
+        "partition and "
         "is kept (the op is refused on that backend from then on, in later processes too: "
         "arbiter/findings.py); `first`: check every partition's first call; `every`: every "
         "`every_n` calls; `off`: trust the manifests' declarations, unchecked")

@@ -3,7 +3,8 @@
 A partition holding an (op, dtype) that no probe verified is compared with eager on its
 first call on a backend; a difference demotes it, is traced to the op and output that
 differ, and is kept (arbiter/findings.py) so that the planner refuses it from then on, in
-this process and in the next. Probed ops are not checked. Test backends here declare
+this process and in the next. A probed op alone is not checked; several ops compiled
+together are, whatever their probes said. Test backends here declare
 their ops (``verified: declared``) unless a manifest says otherwise.
 """
 from __future__ import annotations
@@ -68,7 +69,12 @@ def test_declared_op_is_checked_at_first_use_and_refused_after(make_backend, fre
     assert any(p.backend == "liar" for p in g.partitions)
 
 
-def test_probed_ops_are_not_checked(make_backend, fresh_dynamo, tmp_path):
+def test_a_probed_op_alone_is_trusted_and_probed_ops_together_are_checked(
+        make_backend, fresh_dynamo, tmp_path):
+    """A partition of one probed op is what its probe ran: trusted, unchecked (here the
+    backend lies about it and is believed: the probe is the evidence). Several probed ops
+    compiled together are a composition no probe ran: the first call is checked, the lie
+    caught, the partition's own finding kept."""
     cls = make_backend("trusted", OPS, compile=_lies_about_sin)
     path = tmp_path / "trusted_probed.yaml"
     path.write_text(textwrap.dedent("""\
@@ -84,11 +90,20 @@ def test_probed_ops_are_not_checked(make_backend, fresh_dynamo, tmp_path):
     cls.manifest_path = classmethod(lambda c: path)
     be = arbiter.Arbiter({"backends": ["trusted"], "min_block_size": 1})
     x = torch.randn(4, 4)
+    out = torch.compile(torch.sin, backend=be)(x)
+    (p,) = _parts(be)
+    # one probed op: the manifest's evidence is trusted, no check, the answer stands
+    assert p.backend == "trusted" and not p.first_use and p.verify_checks == 0
+    assert torch.allclose(out, torch.sin(x) + 0.5)
+    torch._dynamo.reset()
+    be = arbiter.Arbiter({"backends": ["trusted"], "min_block_size": 1})
     out = torch.compile(f, backend=be)(x)
     (p,) = _parts(be)
-    # the manifest's evidence is trusted: no check, and the backend's answer stands
-    assert p.backend == "trusted" and not p.first_use and p.verify_checks == 0
-    assert torch.allclose(out, f(x) + 0.5)
+    (check,) = p.first_use
+    assert check.unverified == ["3 ops compiled together (the probes ran each op alone)"]
+    assert check.result == "failed" and check.findings == ["the partition as a whole"], \
+        (check.result, check.findings)
+    torch.testing.assert_close(out, f(x))
 
 
 @pytest.mark.parametrize("probe, why", [
@@ -117,11 +132,11 @@ def test_evidence_from_other_software_or_device_is_checked_again(
     x = torch.randn(4, 4)
     out = torch.compile(f, backend=be)(x)
     (p,) = _parts(be)
-    if why is None:
-        assert not p.first_use and torch.allclose(out, f(x) + 0.5)
-        return
-    (check,) = p.first_use
-    assert check.result == "failed" and f"aten.sin.default float32 ({why})" in check.unverified
+    (check,) = p.first_use  # the three ops together are checked whatever the probe said
+    assert check.result == "failed"
+    assert "3 ops compiled together (the probes ran each op alone)" in check.unverified
+    sin = [u for u in check.unverified if u.startswith("aten.sin.default")]
+    assert sin == ([] if why is None else [f"aten.sin.default float32 ({why})"])
     torch.testing.assert_close(out, f(x))
 
 

@@ -129,10 +129,11 @@ def test_one_request_per_thread():
 
 
 class _CatEmpty(torch.nn.Module):
-    # transformers' DynamicCache starts from a 1-D empty tensor and cats onto it
+    # transformers' DynamicCache starts from a 1-D empty tensor and cats onto it; a float64
+    # one makes the result float64, so arbiter/run/legacy_cat.py leaves this cat as it is
     def forward(self, x):
         y = torch.relu(x) * 2
-        return torch.cat([torch.tensor([]), y], dim=-2) + 1
+        return torch.cat([torch.tensor([], dtype=torch.float64), y], dim=-2) + 1
 
 
 def test_validator_refuses_cat_with_legacy_empty_tensor():

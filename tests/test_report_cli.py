@@ -74,7 +74,7 @@ def test_user_file_compiled_timed(tmp_path, capsys):
             assert p.backend == p.planned_backend and not p.fallbacks
             assert p.calls == 5 and p.run_s > 0
     assert rep.timing.calls == 5 and 0 < rep.timing.pieces_s <= rep.timing.total_s
-    assert out.splitlines()[0].endswith("; fallbacks: 0; graph breaks: 1")
+    assert out.splitlines()[0].endswith("; fallbacks: 0; graph breaks: 1; first-use checks: 2")
     # progress: one numbered line per partition compiled (or loaded from the cache)
     assert "[1] graph 0 (inference) partition 0: compiling with onnxruntime" in err
     assert "[2] graph 1 (inference) partition 0: compiling with onnxruntime" in err
