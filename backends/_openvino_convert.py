@@ -154,10 +154,11 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
 def _groups(*nodes: torch.fx.Node):
     """Query heads per key/value head of an attention (grouped-query attention: the CPU
     flash kernel takes key and value with fewer heads; OpenVINO's attention does not),
-    or None where the heads are not static or do not divide."""
+    or None where the heads are not static or do not divide. Without traced values (or
+    other than 4-d) 1: fused as it was before grouped heads were looked at."""
     vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in nodes]
     if any(not isinstance(v, torch.Tensor) or v.dim() != 4 for v in vals):
-        return None
+        return 1
     hq, hk, hv = (v.shape[1] for v in vals)
     if hk == hq and hv == hq:  # symbolic heads too (one attention per head, as before)
         return 1
