@@ -90,9 +90,13 @@ _DIVISIONS = ("aten.div", "aten.true_divide", "aten.floor_divide", "aten.remaind
               "aten.fmod")
 
 
+def _number(x: Any) -> bool:
+    """An int or float argument (not a bool, not a node)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _nonzero_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x != 0 and \
-        math.isfinite(x)
+    return _number(x) and x != 0 and math.isfinite(x)
 
 
 def _constant_nonzero(x: Any) -> bool:
@@ -111,15 +115,14 @@ def _constant_nonzero(x: Any) -> bool:
 #: their first argument is non-negative too: reductions of such values.
 _KEEPS_SIGN = ("aten.mean.dim", "aten.mean.default", "aten.sum.dim_IntList", "aten.sum.default",
                "aten.amax.default")
-#: Ops whose output is >= 0 whatever their finite input: an even power, an absolute value,
-#: a variance (their own NaN, where one is possible, is a source of its own).
+#: Ops whose output is >= 0 whatever their finite input: an absolute value, relu, exp, a
+#: variance (their own NaN, where one is possible, is a source of its own).
 _NONNEGATIVE = ("aten.abs.default", "aten.relu.default", "aten.var.correction",
                 "aten.var.dim", "aten.std.correction", "aten.exp.default")
 
 
 def _positive_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and \
-        math.isfinite(x)
+    return _number(x) and x > 0 and math.isfinite(x)
 
 
 def nonnegative(x: Any, depth: int = 0) -> bool:
@@ -127,7 +130,7 @@ def nonnegative(x: Any, depth: int = 0) -> bool:
     power, ``x * x``, an absolute value, relu, exp, a variance, and means, sums and
     additions of such values. NaN from upstream is not this function's concern: an
     upstream source is tapped itself (``taps`` follows every value it reaches)."""
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
+    if _number(x):
         return x >= 0
     if not isinstance(x, torch.fx.Node) or x.op != "call_function" or depth > 8:
         return False
@@ -136,8 +139,7 @@ def nonnegative(x: Any, depth: int = 0) -> bool:
         return True
     if name == "aten.pow.Tensor_Scalar":
         e = x.args[1]
-        return isinstance(e, (int, float)) and not isinstance(e, bool) and \
-            float(e).is_integer() and int(e) % 2 == 0
+        return _number(e) and float(e).is_integer() and int(e) % 2 == 0
     if name == "aten.mul.Tensor" and len(x.args) > 1 and x.args[0] is x.args[1]:
         return True
     if name == "aten.add.Tensor":  # alpha scales the second: it must keep its sign
@@ -165,12 +167,11 @@ def _floor(node: torch.fx.Node) -> float:
 def _clamped_from(node: torch.fx.Node) -> Any:
     """A clamp's lower bound when it holds (no upper bound below it: ``clamp(x, 1, -1)``
     is -1 everywhere), else None."""
-    if len(node.args) < 2 or not isinstance(node.args[1], (int, float)) or \
-            isinstance(node.args[1], bool):
+    if len(node.args) < 2 or not _number(node.args[1]):
         return None
     low = node.args[1]
     high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
-    if high is not None and not (isinstance(high, (int, float)) and high >= low):
+    if high is not None and not (_number(high) and high >= low):
         return None
     return low
 
@@ -186,7 +187,7 @@ def positive(x: Any, depth: int = 0) -> bool:
     floor = _floor(x)
 
     def pos(v: Any) -> bool:
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if _number(v):
             return _positive_number(v) and v >= floor
         return positive(v, depth + 1)
 
@@ -239,8 +240,7 @@ def makes_nonfinite(node: torch.fx.Node) -> bool:
         return not _constant_nonzero(node.args[1] if len(node.args) > 1 else None)
     if packet == "aten.pow" and name.endswith("Tensor_Scalar"):
         e = node.args[1]
-        return not (isinstance(e, (int, float)) and not isinstance(e, bool) and e >= 0
-                    and float(e).is_integer())
+        return not (_number(e) and e >= 0 and float(e).is_integer())
     return True
 
 

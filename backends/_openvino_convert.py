@@ -156,15 +156,12 @@ def _groups(*nodes: torch.fx.Node):
     flash kernel takes key and value with fewer heads; OpenVINO's attention does not),
     or None where the heads are not static or do not divide. Without traced values (or
     other than 4-d) 1: fused as it was before grouped heads were looked at."""
+    from arbiter.decompose.own import head_groups
+
     vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in nodes]
     if any(not isinstance(v, torch.Tensor) or v.dim() != 4 for v in vals):
         return 1
-    hq, hk, hv = (v.shape[1] for v in vals)
-    if hk == hq and hv == hq:  # symbolic heads too (one attention per head, as before)
-        return 1
-    if not all(isinstance(h, int) for h in (hq, hk, hv)) or hk != hv or hk < 1 or hq % hk:
-        return None
-    return hq // hk
+    return head_groups(*vals)
 
 
 def _repeat_heads(graph: torch.fx.Graph, node: torch.fx.Node, groups: int) -> torch.fx.Node:

@@ -575,7 +575,7 @@ def test_a_declined_decomposition_leaves_the_op_whole(make_backend, tmp_path, fr
 
     import arbiter.decompose.own as own
 
-    monkeypatch.setattr(own, "_heads", lambda *a: None)
+    monkeypatch.setattr(own, "head_groups", lambda *a: None)
 
     flash = "aten._scaled_dot_product_flash_attention_for_cpu.default"
     make_backend("asks", [flash, "aten.mul.Tensor"])

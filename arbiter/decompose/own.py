@@ -75,7 +75,7 @@ def _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask=None):
     aligned, as the CPU flash kernel does); None where that does not apply (dropout: the
     op stays whole; other than 4-d, not floating point, a mask of another dtype than the
     query's: the kernel refuses those, SDPA turns a boolean mask into an additive one
-    first). ``key`` has the query's heads (``_heads``)."""
+    first). ``key`` has the query's heads (``head_groups``)."""
     aten = torch.ops.aten
     if dropout_p != 0.0:
         return None
@@ -95,11 +95,12 @@ def _attention_scores(query, key, dropout_p, is_causal, scale, attn_mask=None):
     return s
 
 
-def _heads(query, key, value):
+def head_groups(query, key, value):
     """How many query heads share one key/value head (grouped-query attention, SDPA's
     ``enable_gqa``: the CPU flash kernel takes key and value with fewer heads, query head
     ``h`` reading key/value head ``h // groups``); None where that is not a whole number
-    of static heads (the op then stays whole)."""
+    of static heads (the op then stays whole). Tensors or traced values (OpenVINO's
+    attention fusion asks the same of a node's values: backends/_openvino_convert.py)."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         return None
     hq, hk, hv = query.shape[1], key.shape[1], value.shape[1]
@@ -144,7 +145,7 @@ def _flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, 
     decomposed graph's dead-code pass then drops it (T5-small's six attentions through
     ONNX Runtime were nine ops each, the softmax written out through the logsumexp)."""
     aten = torch.ops.aten
-    groups = _heads(query, key, value)
+    groups = head_groups(query, key, value)
     if groups is None:
         return NotImplemented
     key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
@@ -172,7 +173,7 @@ def _flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumex
     lse), dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K * scale,
     dK = dS^T Q * scale (no gradient for the mask, as the kernel)."""
     aten = torch.ops.aten
-    groups = _heads(query, key, value)
+    groups = head_groups(query, key, value)
     if groups is None:
         return NotImplemented
     key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
