@@ -16,10 +16,11 @@ compile lazily on it anyway. On that call it:
    installs it, records the race on the graph's outcome and stores the decision.
 
 Under torch.distributed rank 0 decides and broadcasts; the other ranks install its
-decision untimed. The graph runs functionally during timing, but an inference graph may
-still write to an input (``copy_`` into a buffer): then timing runs on clones of the
-inputs. Torch's RNG state is restored afterwards (``torch.random.fork_rng``), so random
-ops draw what eager would have drawn.
+decision untimed. A graph that writes into its inputs (a KV cache, BatchNorm's
+statistics) runs on private copies of them while measuring, each run from the same
+state (``rerun``): the user's tensors are written once, by the call that returns.
+Torch's RNG state is restored afterwards (``torch.random.fork_rng``), so random ops draw
+what eager would have drawn.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ import torch
 import torch.fx
 
 from ..cache import Cache
-from ..ops import is_mutating
 from ..plan.partition import Plan
 from ..plan.planner import Planner
 from ..plan.policy import PRIORITY, Candidate, TimedChoice
@@ -46,6 +46,7 @@ from .mix import MIX, Mixer
 from .permodule import PRECISION, PrecisionOutcome, PrecisionSearch, steered_lowered
 from .precision import Acceptance
 from .refine import Refiner, steered_plan
+from .rerun import Rerun
 from .timing import Build, Timing
 from .winner import held, pick, record_outcome
 
@@ -109,7 +110,8 @@ class MeasuredGraph:
         self.candidates = list(timed.candidates)  # refined and mixed ones join these
         self._margin = timed.margin  # the policy's own plan gives way only past this
         self._label = graph.label
-        self._timing = Timing(options, graph.build, graph.label)
+        self._rerun = Rerun(graph.gm)  # re-runs of a graph that writes its inputs
+        self._timing = Timing(options, self._rerun.build(graph.build), graph.label)
         self._acceptance = Acceptance(graph.gm, accuracy, graph.build, graph.label)
         self._accuracy = accuracy
         self._per_module = per_module
@@ -250,9 +252,7 @@ class MeasuredGraph:
         """Time candidates within the budget: the policy's, then (its search on) the
         mixed one and refinement."""
         opts = self._opts
-        args = list(args)
-        if any(is_mutating(n) for n in self._graph.gm.graph.nodes):
-            args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        args = self._rerun.begin(args)  # private copies of what the graph writes
         self._timing.begin()
         # Priority first (always measured: it is what the user gets without measuring),
         # then the others by estimate, cheapest first, so the budget goes to the likeliest.

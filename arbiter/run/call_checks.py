@@ -76,3 +76,61 @@ def shared_buffers(first: Any, second: Any, args: Sequence[Any] = ()
             if overlap(span, old):
                 return old[0], span[0]
     return None
+
+
+#: ops that read rows at positions a tensor holds, with (argument of the indexed tensor,
+#: argument of the dimension or None for 0, argument of the index, negative allowed)
+_INDEXING = {
+    "aten.embedding.default": (0, None, 1, False),
+    "aten.index_select.default": (0, 1, 2, False),
+    "aten.gather.default": (0, 1, 2, False),
+    "aten.index_copy.default": (0, 1, 2, False),
+    "aten.index_add.default": (0, 1, 2, False),
+}
+
+
+class IndexGuard:
+    """Bounds of the positions a partition reads from its own inputs (token ids into an
+    embedding, cache positions into ``index_copy``), checked before a backend runs:
+    backends answer an index out of range with a garbage row (OpenVINO), an error of
+    their own (ONNX Runtime's Gather) or a process abort (an Inductor kernel's bounds
+    check inside a parallel loop). Out of range, eager ATen runs the call and raises
+    eager's error, the user's (``Piece``)."""
+
+    def __init__(self, checks: list[tuple[int, int, bool]]):
+        self._checks = checks  # (input position, rows, negative allowed)
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule) -> Optional["IndexGuard"]:
+        from ..ops import op_name
+
+        placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes
+                                                   if n.op == "placeholder")}
+        checks = []
+        for n in gm.graph.nodes:
+            spec = _INDEXING.get(op_name(n.target)) if n.op == "call_function" else None
+            if spec is None:
+                continue
+            src, dim_at, idx_at, negative = spec
+            if len(n.args) <= max(src, idx_at) or n.args[idx_at] not in placeholders:
+                continue
+            val = getattr(n.args[src], "meta", {}).get("val")
+            dim = 0 if dim_at is None else (n.args[dim_at] if len(n.args) > dim_at else 0)
+            if not isinstance(val, torch.Tensor) or not isinstance(dim, int) or \
+                    not -val.dim() <= dim < max(val.dim(), 1):
+                continue
+            rows = val.shape[dim] if val.dim() else 1
+            if isinstance(rows, int):  # symbolic sizes: the backend's own check
+                checks.append((placeholders[n.args[idx_at]], rows, negative))
+        return cls(sorted(set(checks))) if checks else None
+
+    def ok(self, args: Sequence[Any]) -> bool:
+        """Whether every checked index is in range."""
+        for i, rows, negative in self._checks:
+            t = args[i] if i < len(args) else None
+            if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_floating_point():
+                continue
+            lo, hi = torch.aminmax(t)
+            if int(hi) >= rows or int(lo) < (-rows if negative else 0):
+                return False
+        return True

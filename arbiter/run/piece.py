@@ -6,7 +6,10 @@ need not be invented from metadata). If the chosen backend fails to compile, the
 backend of the partition's chain is tried, down to eager ATen. If a compiled piece raises
 at run time, the same happens and the call is retried: the graphs are functional (AOT
 functionalizes them), so a failed call changed nothing and a retry is safe. Later calls
-use the demoted path. Every step is logged and kept in the piece's ``record``, which the
+use the demoted path. A backend's failure is a backend's only when eager ATen runs the
+same inputs: when eager fails too, its error is the user's (an index out of range) and is
+raised, with nothing demoted and no cached artifact evicted; when it does not, that call
+returns eager's result. Every step is logged and kept in the piece's ``record``, which the
 report reads: the report shows what actually ran, never what was planned.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..config import VerifyOptions
 from ..errors import describe
 from ..ops import is_random, output_values
 from ..registry import Backend
-from .call_checks import all_finite, restore, snapshot
+from .call_checks import IndexGuard, all_finite, restore, snapshot
 from .checking import PieceChecks
 from .compiling import compile_for, compile_lock, evict
 from .first_use import FirstUse
@@ -125,6 +128,8 @@ class Piece:
         # Reset (under the lock) whenever the level changes.
         self._fast: Optional[tuple[int, Callable, bool]] = None
         self._pending: Optional[tuple[int, str, str]] = None  # ``demote``: next call
+        # positions read from the inputs (token ids), checked before a backend runs
+        self._index_guard = IndexGuard.of(gm)
 
     def current(self) -> tuple[Any, Callable]:
         """(the chain entry running now, its callable); (None, the ATen graph) before the
@@ -148,11 +153,12 @@ class Piece:
             level, fn, guarded = fast
             if guarded and not all_finite(args):  # exact_nonfinite guard, as in _call
                 return self._nonfinite_call(self._backends[level], args)
+            if self._index_guard is not None and not self._index_guard.ok(args):
+                return self.gm(*args)  # an index out of range: eager's error, the user's
             try:
                 out = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - demote, then the full path
-                self._demote_from(level, "run", describe(exc), args)
-                return self._call(*args)
+            except Exception as exc:  # noqa: BLE001 - demote unless eager fails too
+                return self._failed_run(level, exc, args)
             if self._specs is not None:
                 why = check_meta(out, self._specs, False)
                 if why is not None:
@@ -189,17 +195,18 @@ class Piece:
                 return fn(*args)  # eager ATen: its errors are the model's own
             if level in self._guarded and not all_finite(args):
                 return self._nonfinite_call(backend, args)
+            if self._index_guard is not None and not self._index_guard.ok(args):
+                return self.gm(*args)  # an index out of range: eager's error, the user's
             due = self._checks.mode != "off" and self._checks.due()
             # verified calls: the reference is computed from the inputs as they were
             # before the backend ran (it might write into them)
             before = snapshot(args) if due else None
             try:
                 out = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - any backend failure demotes the piece
+            except Exception as exc:  # noqa: BLE001 - demote unless eager fails too
                 if before is not None:
                     restore(args, before)
-                self._demote_from(level, "run", describe(exc), args)
-                continue  # retry: the graphs are functional, the failed call changed nothing
+                return self._failed_run(level, exc, args)
             if self._specs is not None:
                 devices = self._device_checks > 0  # first calls only: see check_meta
                 if devices:
@@ -221,6 +228,30 @@ class Piece:
                     not self._restride and self._device_checks <= 0:
                 self._go_fast(level, fn)
             return self._restrided(out)
+
+    def _failed_run(self, level: int, exc: Exception, args: Sequence[Any]) -> Any:
+        """The backend at ``level`` raised ``exc`` on ``args``: eager ATen runs them
+        (the graphs are functional: the failed call changed nothing). Eager's error, if it
+        fails too, is the user's and is raised (``exc`` chained), nothing demoted;
+        otherwise the piece is demoted and this call returns eager's result."""
+        try:
+            out = self.gm(*args)
+        except Exception as users:
+            log.info("%s partition %d: %s failed (%s) and eager fails on the same inputs: "
+                     "the caller's error, nothing demoted", self._label,
+                     self.record.partition_id, self._backends[level].name, describe(exc))
+            raise users from exc
+        self._demote_from(level, "run", describe(exc), args)
+        return out
+
+    def _raise_users_error(self, args: Sequence[Any], exc: Exception) -> None:
+        """A compile (or its first-use check, which runs the inputs) failed with
+        ``exc``: when eager ATen fails on the same inputs too, raise eager's error, the
+        user's, before anything is demoted or evicted."""
+        try:
+            self.gm(*args)
+        except Exception as users:
+            raise users from exc
 
     def _nonfinite_call(self, backend: Any, args: Sequence[Any]) -> Any:
         """A call with NaN or inf in an input, on a backend that computes some of the
@@ -322,6 +353,7 @@ class Piece:
                          self.record.partition_id, backend.name, time.perf_counter() - start)
                 break
             except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
+                self._raise_users_error(args, exc)
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
                 evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
