@@ -251,7 +251,14 @@ def last_arbiter() -> Optional[Arbiter]:
 
 # -- reports per compiled model -------------------------------------------------------
 def backend_of(compiled: Any) -> Optional[Arbiter]:
-    """The Arbiter behind a ``torch.compile``'d model or function, if it has one.
+    """The Arbiter behind a ``torch.compile``'d model or function, if it has one
+    (``find_backend``)."""
+    return find_backend(compiled)[1]
+
+
+def find_backend(compiled: Any) -> tuple[bool, Optional[Arbiter]]:
+    """(whether ``compiled`` was compiled with arbiter, the Arbiter behind it if there is
+    one yet: ``backend="arbiter"`` makes it at the first call).
 
     Follows Dynamo's wrappers (``dynamo_ctx.callback._torchdynamo_orig_backend``...) to
     torch.compile's backend wrapper: an ``Arbiter`` instance, or ``backend="arbiter"``
@@ -264,14 +271,14 @@ def backend_of(compiled: Any) -> Optional[Arbiter]:
             continue
         seen.add(id(obj))
         if isinstance(obj, Arbiter):
-            return obj
+            return True, obj
         fn = getattr(obj, "compiler_fn", None)
         if fn is not None and not isinstance(obj, type):
             if isinstance(fn, Arbiter):
-                return fn
+                return True, fn
             if getattr(fn, "__name__", "") == "arbiter_backend":
                 kw = getattr(obj, "kwargs", {}) or {}
-                return arbiter_for(kw.get("options"), kw.get("mode"), create=False)
+                return True, arbiter_for(kw.get("options"), kw.get("mode"), create=False)
         for attr in ("dynamo_ctx", "callback", "_torchdynamo_orig_backend", "compiler_fn"):
             v = getattr(obj, attr, None) if not isinstance(obj, type) else None
             if v is not None:
@@ -284,7 +291,7 @@ def backend_of(compiled: Any) -> Optional[Arbiter]:
                         todo.append(cell.cell_contents)
                     except ValueError:
                         pass
-    return None
+    return False, None
 
 
 def report_for(model: Any, *, advice: bool = True) -> Optional[Report]:
@@ -293,15 +300,19 @@ def report_for(model: Any, *, advice: bool = True) -> Optional[Report]:
     ``model`` is what torch.compile returned, or the module (any instance of its class:
     Dynamo shares graphs between instances) or function that was compiled. The Arbiter is
     the one behind the compiled model when that can be read off it, else the latest one
-    that compiled graphs for this model (compiled runs before dry runs). None when no
-    Arbiter compiled a graph for it (it was not called yet, or it ran elsewhere)."""
+    that compiled graphs for this model (compiled runs before dry runs). Before the
+    first call (nothing compiled yet: torch.compile compiles then) a report that says so
+    (``not_called``, its ``summary()`` too); None when ``model`` was not compiled with
+    arbiter at all (or it ran elsewhere)."""
     wanted = owner_of(model)
-    be = backend_of(model)
+    ours, be = find_backend(model)
     if be is None:
         found = [b for b in arbiters() if _has(b, wanted)]
         found.sort(key=lambda b: not b.dry_run)  # stable: latest compiled run last
         be = found[-1] if found else None
     if be is None or not _has(be, wanted):
+        if ours:
+            return Report(model=getattr(wanted, "name", None), not_called=True)
         return None
     return be.report(wanted, advice=advice)
 

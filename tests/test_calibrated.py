@@ -190,6 +190,39 @@ def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
     assert one.ms < gappy.estimate_ms
 
 
+@pytest.mark.parametrize("kind", ["inference", "backward"])
+def test_a_cut_plan_chosen_by_prediction_is_timed_against_the_simple_ones(make_backend,
+                                                                          kind):
+    """A plan the prediction favours although it is cut into many partitions is timed
+    on the first call against the fastest whole graph on one backend and against eager
+    (issue 48: BERT-style training's backward in 38 partitions ran at 0.75x eager, never
+    timed against either); with `against_eager: off`, against the single backend alone."""
+    make_backend("gappy", ["aten.add.Tensor", "aten.mul.Tensor"])
+    make_backend("whole", ["aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"])
+
+    def chain(x):
+        for _ in range(6):
+            x = torch.relu(x * 2 + 1)
+        return x
+
+    gm = trace(chain, torch.randn(256, 256))
+    table = {"gappy": calib(1.0, gbps=5000), "whole": calib(30.0, gbps=10),
+             "eager": calib(0.0, gbps=10, node_us=5.0)}
+    for against, expect in (("all", {"only whole", "only eager"}), ("off", {"only whole"})):
+        config = {"backends": ["gappy", "whole"], "policy": "calibrated",
+                  "min_block_size": 1, "against_eager": against}
+        be = arbiter.Arbiter(config)
+        be.planner.calibration = lambda measure=True: table
+        choice = get_policy("calibrated").decide(be.planner, gm,
+                                                 GraphContext(kind, against_eager=against))
+        assert len(choice.plan.partitions) > 6, choice.outcome.chosen  # the cut one won
+        assert choice.timed is not None
+        labels = {label for c in choice.timed.candidates[1:] for label in c.labels}
+        assert expect <= labels, labels
+        assert choice.timed.candidates[0].plan is choice.plan  # its own plan first
+        assert choice.timed.margin > 0  # it gives way only past the margin
+
+
 def test_against_eager_off_keeps_the_graph_off_eager_as_a_whole(two):
     gm = trace(mlp, *_args())
     table = {"costly": calib(50.0), "cheap": calib(50.0), "eager": calib(0.0, node_us=0.1)}

@@ -45,3 +45,30 @@ def test_readme_starts_with_getting_started_that_runs(fresh_dynamo):
     printed = []
     exec(compile(code, "README.md", "exec"), {"print": printed.append, "torch": torch})
     assert printed == [said]
+
+
+def test_readmes_api_at_a_glance_runs_as_written(fresh_dynamo):
+    """Every name the block uses is defined in it (it once used `model`, `x`, `my.yaml`
+    and `aten_graph_module` undefined)."""
+    pytest.importorskip("onnxruntime")
+    text = (ROOT / "README.md").read_text()
+    part = text.split("## The API at a glance", 1)[1].split("\n### ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", part, re.S).group(1)
+    printed = []
+    scope = {"print": printed.append}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert len(printed) == 3 and scope["plan"].partitions
+    assert str(printed[0]).startswith("1 graph"), printed[0]
+
+
+def test_readmes_config_example_parses_and_keeps_float32():
+    """The config block, pasted as it is, is valid and lowers no precision."""
+    import yaml
+
+    import arbiter
+
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Config", 1)[1]
+    cfg = yaml.safe_load(re.search(r"```yaml\n(.*?)```", block, re.S).group(1))
+    assert arbiter.Config.model_validate(cfg).accuracy is None
+

@@ -518,7 +518,7 @@ def test_keyword_inputs_and_structured_outputs(tmp_path):
     loaded = arbiter.load(tmp_path / "kw.arbiter")
     out = loaded(x, scale=scale)
     assert set(out) == {"y", "z"} and torch.equal(out["y"], x * scale)
-    with pytest.raises(ArbiterError, match="structured as"):
+    with pytest.raises(ArbiterError, match="the program takes 1 positional argument and keyword scale; this call gave 2 positional arguments"):
         loaded(x, scale)
 
 

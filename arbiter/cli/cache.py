@@ -52,7 +52,15 @@ def run(args) -> int:
     why = untrusted(directory)
     if why:
         print(f"warning: arbiter does not use this cache: {why}", file=sys.stderr)
-    found = [e for e in entries(directory) if args.kind is None or e.kind == args.kind]
+    every = entries(directory)
+    found = [e for e in every if args.kind is None or e.kind == args.kind]
+    if args.kind is not None and not found:  # a typo reads as an empty kind: say which are
+        from ..errors import did_you_mean
+
+        here = sorted({e.kind for e in every})
+        print(f"arbiter: no entry of kind {args.kind!r} in {directory}"
+              f"{did_you_mean(args.kind, here)}; kinds here: "
+              f"{', '.join(here) or 'none (the cache is empty)'}", file=sys.stderr)
     if args.action == "list":
         for e in sorted(found, key=lambda e: -e.mtime_ns):
             used = datetime.datetime.fromtimestamp(e.mtime_ns / 1e9).isoformat(
@@ -81,4 +89,9 @@ def run(args) -> int:
                 print(f"cannot remove {e.path}: {exc}", file=sys.stderr)
         print(f"removed {plural(len(found), 'entry', 'entries')} ({_human(removed)}) from "
               f"{directory}")
+        if any(e.kind == "calibration" for e in found):
+            print("the machine's calibration was among them: the next compile under policy "
+                  "`calibrated` (the shipped configs') measures it again, within "
+                  "calibration.time_budget_s (about a minute), or run `arbiter calibrate` "
+                  "now")
     return 0

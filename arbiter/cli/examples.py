@@ -216,6 +216,48 @@ EXAMPLES: dict[str, Factory] = {
 }
 
 
+def model_and_inputs(got, where: str):
+    """``(model, inputs)`` from what a factory returned: ``(model, (x, ...))``, or
+    ``(model, x)`` with one tensor (taken as ``(x,)``); anything else is refused, naming
+    the factory and what it must return."""
+    shape = "(model, (input, ...)): the model and a tuple of its example inputs"
+    if not isinstance(got, (tuple, list)):
+        raise ArbiterError(f"{where} returned a bare {type(got).__name__}; it must return "
+                           f"{shape}")
+    if len(got) != 2:
+        raise ArbiterError(f"{where} returned a {type(got).__name__} of {len(got)} items; "
+                           f"it must return {shape}")
+    model, inputs = got
+    if not callable(model):
+        raise ArbiterError(f"{where} returned a {type(model).__name__} as the model; it must "
+                           f"return {shape}")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)  # one tensor: the only input
+    elif isinstance(inputs, list):
+        inputs = tuple(inputs)
+    elif not isinstance(inputs, tuple):
+        raise ArbiterError(f"{where} returned a {type(inputs).__name__} as the inputs; it "
+                           f"must return {shape}")
+    return model, inputs
+
+
+def users_error(model: Any, inputs: tuple, spec: str, exc: BaseException,
+                train: bool = False) -> BaseException:
+    """What the CLI says of ``exc``, raised while compiling or running ``model``: when
+    eager fails on the same inputs too, the model's own error (an ``ArbiterError`` that
+    names it: the CLI prints one line), else ``exc`` itself (arbiter's, with its
+    traceback)."""
+    try:
+        with torch.enable_grad() if train else torch.no_grad():
+            model(*inputs)
+    except Exception as eager:  # noqa: BLE001 - what eager says is the message
+        cause = str(eager).strip().splitlines()
+        return ArbiterError(f"{spec}: the model fails in eager on its example inputs, so it "
+                            f"cannot be compiled: {type(eager).__name__}: "
+                            f"{cause[0][:500] if cause else ''}")
+    return exc
+
+
 def load_model(spec: str):
     """``(model, example_inputs)`` for a built-in example's name or
     ``path/to/file.py:factory`` (a function returning them)."""
@@ -230,7 +272,7 @@ def load_model(spec: str):
         if not hasattr(module, func):
             names = [n for n in dir(module) if not n.startswith("_")]
             raise ArbiterError(f"{path}: no function {func!r}{did_you_mean(func, names)}")
-        return getattr(module, func)()
+        return model_and_inputs(getattr(module, func)(), f"{path}:{func}")
     if spec not in EXAMPLES:
         raise ArbiterError(f"unknown model {spec!r}{did_you_mean(spec, EXAMPLES)}; built-in: "
                            f"{', '.join(EXAMPLES)}, or path/to/file.py:factory")

@@ -31,14 +31,19 @@ def cmd_explain(args) -> int:
     import torch
 
     from ..dryrun import explain
-    from .examples import load_model
+    from .examples import load_model, users_error
     from .models import choose_mode
 
     model, inputs = load_model(args.model)
     train, line = choose_mode(model, args)
     print(f"arbiter: {line}", file=sys.stderr)
-    with torch.enable_grad() if train else torch.no_grad():
-        report = explain(model, *inputs, config=args.config, backward=train)
+    try:
+        with torch.enable_grad() if train else torch.no_grad():
+            report = explain(model, *inputs, config=args.config, backward=train)
+    except ArbiterError:
+        raise
+    except Exception as exc:  # the model's own error, or arbiter's (traceback)
+        raise users_error(model, inputs, args.model, exc, train) from exc
     print(report)
     return 0
 
@@ -95,14 +100,29 @@ def _add_explain(sub, raw) -> None:
 
 
 def _add_manifest(sub, raw) -> None:
-    p = sub.add_parser("manifest", help="generate a backend's capability manifest")
-    p.add_argument("backend")
+    from .models import fill
+
+    p = sub.add_parser("manifest", help="generate a backend's capability manifest",
+                       formatter_class=raw, description=fill(
+                           "Generate a backend's capability manifest (capabilities/"
+                           "<backend>.yaml) from the ops the backend declares, keeping the "
+                           "existing file's `defaults` and `decompositions`; prints it, or "
+                           "writes it with --write. `arbiter probe BACKEND` then verifies "
+                           "its entries against PyTorch's OpInfo samples."))
+    p.add_argument("backend", help="a registered backend's name (`arbiter backends` lists them)")
     p.add_argument("--write", action="store_true", help="write capabilities/<backend>.yaml")
 
 
 def _add_schema(sub, raw) -> None:
+    from .models import fill
+
     p = sub.add_parser("schema", help="the config's JSON Schema (editors complete YAML "
-                                      "with it), or the report's")
+                                      "with it), or the report's",
+                       formatter_class=raw, description=fill(
+                           "Print the JSON Schema of arbiter's config (docs/config.schema."
+                           "json: editors complete and check YAML configs with it), or with "
+                           "--report the schema of `arbiter report --json` (docs/report."
+                           "schema.json). Both are generated from the pydantic models."))
     p.add_argument("--report", action="store_true", help="the JSON report's schema instead")
     p.add_argument("--write", action="store_true",
                    help="write docs/ and the package's copy instead of printing")
@@ -157,6 +177,11 @@ def _main(argv=None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # a model that fails to trace: torch logs the fake-tensor traceback (20 lines)
+        # before raising; the CLI says the model's error in one line (examples.users_error)
+        logging.getLogger("torch._subclasses.fake_tensor").addFilter(
+            lambda r: not str(r.msg).startswith("failed while attempting to run meta"))
     handler = _HANDLERS[args.cmd][1] if args.cmd in _HANDLERS else \
         importlib.import_module(_MODULE_COMMANDS[args.cmd][0]).run
     try:

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import ArbiterError
+
 
 def add_arguments(parser) -> None:
     import argparse
@@ -126,13 +128,16 @@ def run(args) -> int:
 
 
 def _saved_program(spec: str) -> bool:
-    import zipfile
-
-    return Path(spec).is_file() and not spec.endswith(".py") and zipfile.is_zipfile(spec)
+    """Whether ``spec`` names a saved program: a file ending in ``.arbiter`` (existing or
+    not: its errors are a file's, not an unknown model's), or any other existing file that
+    is not Python (read as one, so a truncated or foreign file is named as such)."""
+    if spec.endswith(".arbiter"):
+        return True
+    return Path(spec).is_file() and not spec.endswith(".py") and ":" not in spec
 
 
 def _compile_reports(args, configs, reports) -> None:
-    from .examples import load_model
+    from .examples import load_model, users_error
     from .models import choose_mode
     from .progress import Progress
 
@@ -143,8 +148,14 @@ def _compile_reports(args, configs, reports) -> None:
         train, line = choose_mode(model, args)
         progress.note(line)
         for k, cfg in enumerate(configs):
-            r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=train,
-                             time_calls=args.time, label=_label(cfg, k), progress=progress)
+            try:
+                r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=train,
+                                 time_calls=args.time, label=_label(cfg, k),
+                                 progress=progress)
+            except ArbiterError:
+                raise
+            except Exception as exc:  # the model's own error, or arbiter's (traceback)
+                raise users_error(model, inputs, args.model, exc, train) from exc
             r.model = args.model
             if args.no_breaks:
                 r.graph_breaks = None

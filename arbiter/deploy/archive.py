@@ -93,6 +93,12 @@ class Archive:
     def close(self) -> None:
         self._zip.close()
 
+    def verify_all(self) -> None:
+        """Every file the manifest lists, checked against its size and sha256 (one at a
+        time): raises ``ArbiterError`` naming the first that differs."""
+        for name in self.manifest["files"]:
+            self.read_buffer(name)
+
     def _entry(self, name: str) -> tuple[int, Any]:
         entry = self.manifest["files"].get(name)
         if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):

@@ -40,11 +40,13 @@ def loaded_report(saved: dict, records: dict, deployed: Any) -> Report:
 
 def saved_report(path: str) -> Report:
     """The report saved in a program's file (no backend needed, nothing loaded), with
-    the file named in its ``model`` line."""
+    the file named in its ``model`` line; the file is checked whole first (sizes and
+    sha256, as ``arbiter.load`` checks them)."""
     from .archive import Archive
 
     archive = Archive(path)
     try:
+        archive.verify_all()  # a report of an altered file would describe another program
         report = Report.model_validate(archive.manifest.get("report") or {})
     except Exception as exc:  # noqa: BLE001 - pydantic's error, said where
         from ..errors import ArbiterError

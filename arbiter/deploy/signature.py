@@ -65,8 +65,8 @@ class Signature:
 
         flat, spec = tree_flatten((args, kwargs))
         if spec != self._in:
-            raise InputError(f"the call's arguments are structured as {_show(spec)}; the "
-                             f"program was exported for {_show(self._in)}")
+            raise InputError(f"the program takes {_call_words(self._in)}; this call gave "
+                             f"{_call_words(spec)}")
         return flat
 
     def check(self, flat: Sequence[Any]) -> None:
@@ -160,9 +160,17 @@ def _plain_spec(n: int):
     return tree_structure((tuple(range(n)), {}))
 
 
-def _show(spec: Any) -> str:
-    text = str(spec).replace("\n", " ")
-    return text if len(text) < 200 else text[:200] + "..."
+def _call_words(spec: Any) -> str:
+    """A call's structure in words: "2 positional arguments and keyword scale"."""
+    try:
+        pos, kw = spec.children()
+        n, keys = pos.num_children, list(kw.context or ())
+    except (AttributeError, TypeError, ValueError):
+        return "another structure"
+    words = f"{n} positional argument{'' if n == 1 else 's'}"
+    if keys:
+        words += f" and keyword{'' if len(keys) == 1 else 's'} {', '.join(map(str, keys))}"
+    return words
 
 
 def _dims(sizes: list) -> str:

@@ -6,6 +6,7 @@ the config's ``decompositions:``). The same graph kind as the compile path's inf
 graphs: functional ATen with FakeTensor metadata; weights as lifted placeholders."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -45,7 +46,13 @@ def trace(model: Any, args: tuple, kwargs: Optional[dict], dynamic_shapes: Any,
         except Exception as exc:
             raise ArbiterError(f"torch.export could not export the model: "
                                f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from exc
-        ep = ep.run_decompositions(decompositions(config_decompositions))
+        with warnings.catch_warnings():
+            # torch 2.13's own run_decompositions deep-copies a LeafSpec, which warns
+            # "isinstance(treespec, LeafSpec) is deprecated" on every export: torch's
+            # internals, nothing the user can act on
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*",
+                                    category=FutureWarning)
+            ep = ep.run_decompositions(decompositions(config_decompositions))
     _drop_metadata_asserts(ep)
     sig = ep.graph_signature
     mutated = {**sig.buffers_to_mutate, **sig.user_inputs_to_mutate}

@@ -435,13 +435,49 @@ class Calibrated(Policy):
         # whose 39 cut partitions ran 1.8x slower than the Inductor it had timed)
         runner = _affordable(planner, best, close) if graph.kind == "inference" \
             else (close[0] if close else None)
-        if runner is None:
+        simple = _simpler(planner, best, rest, graph)
+        if runner is None and not simple:
             return base
-        timed = [best, runner]
-        keys = {plan_key(best.plan), plan_key(runner.plan)}
-        if base is not None:
-            timed += [c for c in base.candidates[1:] if plan_key(c.plan) not in keys]
-        return TimedChoice(timed, base.margin if base is not None else 0.0, search=False)
+        timed = [best]
+        keys = {plan_key(best.plan)}
+        for c in ([runner] if runner is not None else []) + simple + \
+                (base.candidates[1:] if base is not None else []):
+            if plan_key(c.plan) not in keys:
+                keys.add(plan_key(c.plan))
+                timed.append(c)
+        if len(timed) < 2:
+            return base
+        if simple and not choice.outcome.against_eager:
+            choice.outcome.against_eager = any(ONLY + planner.fallback_name in c.labels
+                                               for c in timed)
+        margin = base.margin if base is not None else (EAGER_MARGIN if simple else 0.0)
+        return TimedChoice(timed, margin, search=False)
+
+
+def _simpler(planner: Planner, best: Candidate, rest: list[Candidate],
+             graph: GraphContext) -> list[Candidate]:
+    """The simple alternatives a cut plan must beat by timing (DESIGN: "a plan is
+    measured, not predicted, wherever it differs from the simple alternatives"): when
+    ``best`` has more partitions than one, the whole graph in eager ATen (unless config
+    ``against_eager: off``) and the fastest-predicted whole graph on one compiled backend
+    where that has fewer partitions than ``best`` (for an inference graph only when its
+    compile is affordable, as for the runner-up). A prediction from per-op cells put a
+    BERT-style training step's backward into 19 OpenVINO partitions between 19 eager ones
+    at 0.75x eager (issue 48): nothing had timed it against a plan of one partition."""
+    cuts = len(best.plan.partitions)
+    if cuts <= 1:
+        return []
+    eager = ONLY + planner.fallback_name
+    out = []
+    singles = [c for c in rest if eager not in c.labels and len(c.plan.partitions) < cuts
+               and any(label.startswith(ONLY) for label in c.labels)]
+    if singles:
+        single = min(singles, key=lambda c: c.estimate_ms)
+        if graph.kind != "inference" or _affordable(planner, best, [single]) is not None:
+            out.append(single)
+    if graph.against_eager != "off":
+        out += [c for c in rest if eager in c.labels]
+    return out
 
 
 def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:

@@ -429,6 +429,11 @@ class DeployedReport(BaseModel):
                              "backends missing at load, fallbacks")
 
 
+#: What a report of a compiled model says before its first call.
+NOT_CALLED = ("not called yet: torch.compile compiles at the first call; call the model, "
+              "then ask for its report")
+
+
 class Report(BaseModel):
     schema_version: int = SCHEMA_VERSION
     label: str = Field("", description="the config's name in a side-by-side report")
@@ -443,6 +448,8 @@ class Report(BaseModel):
     timing: Optional[TimingReport] = None
     created: str = Field(default_factory=lambda: datetime.datetime.now().isoformat(timespec="seconds"))
     dry_run: bool = False
+    not_called: bool = Field(False, description="the compiled model was not called yet: "
+                             "torch.compile compiles at the first call, so nothing is planned")
     backends: list[BackendStatus] = Field(default_factory=list)
     graphs: list[GraphReport] = Field(default_factory=list)
     kinds: list[KindReport] = Field(default_factory=list, description="per graph kind "
@@ -461,6 +468,8 @@ class Report(BaseModel):
                                             "its backend could not take")
 
     def summary(self) -> str:
+        if self.not_called:
+            return NOT_CALLED
         parts = [p for g in self.graphs for p in g.partitions]
         by: dict[str, int] = {}
         for p in parts:

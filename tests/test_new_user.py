@@ -1,0 +1,131 @@
+"""The rough edges a new user hits first (issue 45): a factory returning a lone tensor,
+a model that fails in eager, a report asked for before the first call, a damaged saved
+file given to `arbiter report`. Each test failed before its fix."""
+from __future__ import annotations
+
+import textwrap
+import zipfile
+
+import pytest
+import torch
+
+import arbiter
+from arbiter.cli.main import main
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    (tmp_path / "models.py").write_text(textwrap.dedent("""
+        import torch
+
+        def wrong_width():
+            torch.manual_seed(0)
+            return torch.nn.Linear(8, 4), (torch.randn(2, 5),)
+
+        def lone():
+            torch.manual_seed(0)
+            return torch.nn.Linear(8, 4).eval(), torch.randn(2, 8)
+
+        def bare():
+            return torch.nn.Linear(8, 4)
+
+        def three():
+            return torch.nn.Linear(8, 4), torch.randn(2, 8), 1
+    """))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_factory_may_return_one_tensor(factories, capsys):
+    """`(model, x)`: taken as `(model, (x,))` (before: batch 1 unpacked the tensor into
+    rows and reported a model of 1-D input)."""
+    torch._dynamo.reset()
+    assert main(["report", "models.py:lone", "--dry-run", "--quiet"]) == 0
+    assert "2x8" in "".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("factory,words", [
+    ("bare", "returned a bare Linear; it must return (model, (input, ...))"),
+    ("three", "returned a tuple of 3 items; it must return (model, (input, ...))"),
+])
+def test_a_factory_returning_something_else_is_named(factories, capsys, factory, words):
+    assert main(["report", f"models.py:{factory}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"arbiter: error: models.py:{factory} {words}" in err
+
+
+@pytest.mark.parametrize("command", [["report", "models.py:wrong_width", "--dry-run"],
+                                     ["explain", "models.py:wrong_width"]])
+def test_a_model_that_fails_in_eager_gets_one_error_line(factories, capsys, command):
+    """Before: ~190 lines of Dynamo internals, no `arbiter: error:` line."""
+    torch._dynamo.reset()
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "arbiter: error: models.py:wrong_width: the model fails in eager" in err
+    assert "mat1 and mat2 shapes cannot be multiplied" in err
+    assert "Traceback" not in err and len(err.splitlines()) < 8, err
+
+
+def test_report_for_before_the_first_call_says_so(fresh_dynamo):
+    """The README's pattern, run before a call, raised AttributeError on None."""
+    class NeverCalled(torch.nn.Linear):  # a class no other test compiled
+        pass
+
+    model = NeverCalled(4, 4).eval()
+    compiled = torch.compile(model, backend="arbiter")
+    rep = arbiter.report_for(compiled)
+    assert rep is not None and rep.not_called
+    assert rep.summary().startswith("not called yet")
+    assert arbiter.report_for(torch.compile(model, backend="eager")) is None
+
+
+@pytest.fixture(scope="module")
+def saved_mlp(tmp_path_factory):
+    from arbiter.cli.examples import mlp
+
+    model, args = mlp()
+    path = tmp_path_factory.mktemp("saved") / "mlp.arbiter"
+    arbiter.export(model, args, config={"backends": ["eager"], "against_eager": "off"}
+                   ).save(path)
+    return path
+
+
+def test_report_of_a_damaged_or_missing_file_names_the_file(saved_mlp, tmp_path, capsys):
+    """Before: "unknown model" and the list of built-in examples; an altered file's
+    report was printed with exit code 0 (arbiter.load refuses it)."""
+    cut = tmp_path / "cut.arbiter"
+    cut.write_bytes(saved_mlp.read_bytes()[:200])
+    altered = tmp_path / "altered.arbiter"
+    with zipfile.ZipFile(saved_mlp) as zin, zipfile.ZipFile(altered, "w") as zout:
+        for info in zin.infolist():
+            blob = zin.read(info.filename)
+            if info.filename.endswith(".safetensors") or info.filename.endswith(".json") \
+                    and info.filename != "manifest.json":
+                blob = blob[:-1] + bytes([blob[-1] ^ 1])
+            zout.writestr(info.filename, blob)
+    (tmp_path / "empty.arbiter").write_bytes(b"")
+    for name, words in (("missing.arbiter", "no such file"),
+                        ("empty.arbiter", "not a saved arbiter program, or truncated"),
+                        ("cut.arbiter", "not a saved arbiter program, or truncated"),
+                        ("altered.arbiter", "does not match its sha256")):
+        assert main(["report", str(tmp_path / name)]) == 2, name
+        err = capsys.readouterr().err
+        assert "arbiter: error:" in err and words in err and "unknown model" not in err, err
+    assert main(["report", str(saved_mlp)]) == 0
+
+
+def test_cache_kind_that_is_not_there_names_the_kinds(tmp_path, capsys):
+    """`--kind bogus` answered "0 entries" alone; `clear` removed the calibration without
+    saying that the next compile measures it again."""
+    from arbiter.cache import Cache
+
+    d = tmp_path / "c"
+    cache = Cache(d)
+    cache.put("onnx", "ab" + "1" * 62, b"x" * 20)
+    cache.put("calibration", "cd" + "2" * 62, b"{}")
+    assert main(["cache", "list", "--dir", str(d), "--kind", "onxx"]) == 0
+    err = capsys.readouterr().err
+    assert "no entry of kind 'onxx'" in err and "did you mean 'onnx'" in err
+    assert "kinds here: calibration, onnx" in err
+    assert main(["cache", "clear", "--dir", str(d)]) == 0
+    assert "measures it again" in capsys.readouterr().out
