@@ -162,11 +162,9 @@ def test_a_compile_is_priced_by_backend_and_node():
     assert shipped["openvino"][1] < shipped["onnxruntime"][1] < shipped["inductor"][1]
 
 
-def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
-    """A backend that cannot run one op of a chain is cut around it at every use: each
-    partition pays its call and its crossings, so the whole plan on the other backend
-    wins although this one's kernels are faster (training plans on OpenVINO: 10-40
-    partitions)."""
+def _gappy_and_whole(make_backend):
+    """Backends `gappy` (no relu) and `whole`; a chain of six relu(x * 2 + 1), which
+    `gappy` can only take cut around each relu."""
     make_backend("gappy", ["aten.add.Tensor", "aten.mul.Tensor"])
     make_backend("whole", ["aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"])
 
@@ -174,7 +172,15 @@ def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
         for _ in range(6):
             x = torch.relu(x * 2 + 1)
         return x
+    return chain
 
+
+def test_a_fragmented_plan_loses_to_a_whole_one(make_backend):
+    """A backend that cannot run one op of a chain is cut around it at every use: each
+    partition pays its call and its crossings, so the whole plan on the other backend
+    wins although this one's kernels are faster (training plans on OpenVINO: 10-40
+    partitions)."""
+    chain = _gappy_and_whole(make_backend)
     gm = trace(chain, torch.randn(64, 64))
     config = {"backends": ["gappy", "whole"], "policy": "calibrated", "min_block_size": 1,
               "against_eager": "off"}
@@ -197,14 +203,7 @@ def test_a_cut_plan_chosen_by_prediction_is_timed_against_the_simple_ones(make_b
     on the first call against the fastest whole graph on one backend and against eager
     (issue 48: BERT-style training's backward in 38 partitions ran at 0.75x eager, never
     timed against either); with `against_eager: off`, against the single backend alone."""
-    make_backend("gappy", ["aten.add.Tensor", "aten.mul.Tensor"])
-    make_backend("whole", ["aten.add.Tensor", "aten.mul.Tensor", "aten.relu.default"])
-
-    def chain(x):
-        for _ in range(6):
-            x = torch.relu(x * 2 + 1)
-        return x
-
+    chain = _gappy_and_whole(make_backend)
     gm = trace(chain, torch.randn(256, 256))
     table = {"gappy": calib(1.0, gbps=5000), "whole": calib(30.0, gbps=10),
              "eager": calib(0.0, gbps=10, node_us=5.0)}
