@@ -143,6 +143,7 @@ class Arbiter:
             self.policy = get_policy("priority")
         self.calibrations = self._calibrations()
         self._graphs: list[GraphRecord] = []
+        self._frames: dict[int, set[int]] = {}  # Dynamo frame id -> its compile indices
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
         self._lock = threading.Lock()
         # every live compiled-by-a-backend piece (set_timing); weak, so pieces replaced
@@ -320,7 +321,7 @@ class Arbiter:
         stitched, records = build(choice.plan)
         record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
                              frozenset(constants), owner=owner,
-                             symbols=syms, frame=_compile_id())
+                             symbols=syms, frame=_own_frame(self._frames, _compile_id()))
         with self._lock:
             self._graphs.append(record)
         self._rule_watch.check(gm, kind, label)
@@ -454,6 +455,19 @@ class Arbiter:
         return assemble(self.config, self.planner, self.plans_only, graphs, dynamo,
                         model=None if wanted is None else str(wanted), rules=self._rule_watch.rules,
                         decomposed=self._decomposed, dry_run=self.dry_run, advice=advice)
+
+
+def _own_frame(frames: dict, frame: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
+    """``frame`` (Dynamo's frame id, its compile index) with the index counted among the
+    compiles of that frame in ``frames`` (one Arbiter's) alone: a frame Dynamo compiled
+    before for another backend or config (one model compiled with three configs, to
+    compare them) is no recompile of this Arbiter's."""
+    if frame is None:
+        return None
+    seen = frames.setdefault(frame[0], set())
+    index = sum(1 for i in seen if i < frame[1])
+    seen.add(frame[1])
+    return (frame[0], index)
 
 
 def _compile_id():

@@ -345,12 +345,16 @@ _STEPS = (1, 2, 3, 4, 6, 8, 5, 7, 12, 16, 9, 10, 11, 24, 32)
 _MAX_CANDIDATES = 4000
 
 
-def second_assignment(values: Sequence[Any], args: Sequence[Any]) -> Optional[SecondShape]:
+def second_assignment(values: Sequence[Any], args: Sequence[Any],
+                      tied: bool = False) -> Optional[SecondShape]:
     """Values of the inputs' symbols larger than those of ``args`` (a real call), within
     the symbols' ranges and satisfying every guard and runtime assert of the ShapeEnv
     that involves them. Values of different symbols differ from each other and from the
     static sizes of the inputs where possible, so that a backend that fixed a size or
-    merged two is caught. None when no such assignment is found, or a symbol cannot be
+    merged two is caught. With ``tied``, symbols equal at ``args`` move together (a
+    decoder's key/value length, its mask's and its positions' are separate symbols that
+    the model needs equal, which no guard says: moved apart, eager itself fails or
+    computes infinities). None when no such assignment is found, or a symbol cannot be
     read from the arguments."""
     reader = Reader(values)
     env = reader.env
@@ -366,14 +370,17 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any]) -> Optional[Se
         if isinstance(v, torch.Tensor):
             statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
     lows = {s: bounds(s, env)[0] for s in syms}
+    # the symbols that move as one: each alone, or (tied) those of one first value
+    groups = [[s] for s in syms] if not tied else \
+        [[s for s in syms if first[s] == v] for v in sorted({first[s] for s in syms})]
     tried = 0
     for distinct in (True, False):
-        for deltas in _candidate_deltas(len(syms)):
-            cand = {s: first[s] + d for s, d in zip(syms, deltas)}
+        for deltas in _candidate_deltas(len(groups)):
+            cand = {s: first[s] + d for group, d in zip(groups, deltas) for s in group}
             if any(v < max(lows[s], 0) for s, v in cand.items()):
                 continue
             if distinct:
-                vals = list(cand.values())
+                vals = [cand[g[0]] for g in groups]
                 if len(set(vals)) < len(vals) or set(vals) & statics:
                     continue
             tried += 1

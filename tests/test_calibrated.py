@@ -395,6 +395,36 @@ def test_measured_once_kept_in_the_cache_and_read_back(tmp_path, unpinned):
         torch.set_num_threads(threads)
 
 
+def test_a_calibration_taken_under_load_is_provisional_and_replaced_when_quieter(
+        tmp_path, unpinned, monkeypatch):
+    """Taken at a load above PROVISIONAL per core, it is kept but provisional (and says
+    so, with when it was taken); the next process that finds the machine quieter
+    measures again (issue 48: a calibration taken under load predicted up to 200x off,
+    and was kept for good)."""
+    config = {**EAGER, "cache": {"dir": str(tmp_path / "c")}}
+    be = arbiter.Arbiter(config)
+    monkeypatch.setattr(calmod, "load_per_core", lambda: 0.9)
+    from arbiter.measure import calibrate
+
+    monkeypatch.setattr(calibrate, "load_per_core", lambda: 0.9)
+    first = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
+    measured = first.measured()["eager"]
+    assert first.source == "measured" and calmod.provisional(measured) and measured.taken
+    words = calmod.taken_words(measured)
+    assert "load 0.90 per core" in words and "provisional" in words and measured.taken[:4] in words
+    calmod.forget()  # a new process, as loaded: the provisional one is read back
+    same = calmod.Calibrations(be.planner, be.cache, progress=False)
+    same.get()
+    assert same.source == "cache"
+    calmod.forget()  # a new process on a quiet machine: measured again, kept
+    monkeypatch.setattr(calmod, "load_per_core", lambda: 0.1)
+    monkeypatch.setattr(calibrate, "load_per_core", lambda: 0.1)
+    quiet = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
+    quiet.get()
+    assert quiet.source == "measured"
+    assert not calmod.provisional(quiet.measured()["eager"])
+
+
 def test_the_budget_bounds_it_and_the_rest_is_measured_next_time(tmp_path, unpinned):
     be = arbiter.Arbiter({**EAGER, "cache": {"dir": str(tmp_path / "c")}})
     first = calmod.Calibrations(be.planner, be.cache, budget_s=1e-9, progress=False)

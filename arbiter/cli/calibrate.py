@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..arbiter import Arbiter
-    from ..measure.calibration import Calibrations, backend_row, write_file
+    from ..measure.calibration import Calibrations, backend_row, taken_words, write_file
     from ..loadavg import load_average
 
     be = Arbiter(args.config)
@@ -42,10 +42,14 @@ def run(args) -> int:
     rows = calib.get()
     for name in calib.names:
         print(f"{name:12s} {backend_row(rows.get(name))}")
+        print(f"{'':12s} {taken_words(measured.get(name))}")
         for cell, why in measured.get(name).refused.items() if name in measured else ():
             print(f"{'':12s} {cell}: not measured ({why})")
-    print(f"{took:.1f} s ({calib.source}); load average {load:.2f} at the start on "
-          f"{os.cpu_count()} cores" + ("" if be.cache is not None else
+    print(f"{took:.1f} s ({calib.source}: "
+          + ("measured now" if calib.source == "measured" else "nothing measured now; "
+             "`--again` measures everything again")
+          + f"); load average {load:.2f} now on {os.cpu_count()} cores"
+          + ("" if be.cache is not None else
                                        "; the cache is off: nothing was kept"))
     if args.out:
         write_file(args.out, measured, be.backends)

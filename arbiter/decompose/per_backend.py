@@ -127,12 +127,88 @@ def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
     decomposes each specialized (static) graph itself."""
     manifest = getattr(backend, "manifest", None)
     if manifest is None:
+        inner = getattr(backend, "backend", None)
+        if getattr(backend, "mode", "") == "symbolic" and inner is not None:
+            # decompositions are traced for static shapes; grouped heads are not
+            return repeat_grouped_heads(gm, _names(inner))
         return gm
+    names = _names(backend)
+    return for_names(names).apply(gm) if names else gm
+
+
+def _names(backend: Any) -> tuple:
+    """The ``decompositions:`` of ``backend``'s manifest; () without one."""
     try:
-        names = manifest().decompositions
+        return tuple(backend.manifest().decompositions or ())
     except Exception:  # noqa: BLE001 - no manifest (a probe's ad-hoc backend): none wanted
         log.debug("%s: no manifest, nothing decomposed for it", getattr(backend, "name", backend),
                   exc_info=True)
+        return ()
+
+
+_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def repeat_grouped_heads(gm: torch.fx.GraphModule, names: Sequence[str]) -> torch.fx.GraphModule:
+    """A symbolic partition whose backend wants the CPU flash attention decomposed (its
+    own translation does not take grouped-query attention: ONNX Runtime's export made a
+    MatMul of 8 query heads against 2 key heads, "ShapeInferenceError: Incompatible
+    dimensions", and every decode step of a Llama-style model fell back), with each such
+    node's key and value heads repeated over their groups in the graph (``unsqueeze``,
+    ``expand``, ``reshape``, as ``decompose.own`` does for static shapes), so the node
+    the backend translates has as many key/value heads as query heads. Static head
+    counts only; ``gm`` itself when nothing applies (a copy otherwise)."""
+    from .own import head_groups
+
+    if not wants(names, _FLASH):
         return gm
-    return for_names(names).apply(gm) if names else gm
+    todo = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or op_name(n.target) != _FLASH or len(n.args) < 3:
+            continue
+        vals = [getattr(a, "meta", {}).get("val") for a in n.args[:3]]
+        if all(isinstance(v, torch.Tensor) for v in vals):
+            groups = head_groups(*vals)
+            if groups is not None and groups > 1:
+                todo.append((n.name, groups))
+    if not todo:
+        return gm
+    import copy
+
+    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    by_name = {n.name: n for n in new.graph.nodes}
+    aten = torch.ops.aten
+    for name, groups in todo:
+        node = by_name[name]
+        with new.graph.inserting_before(node):
+            for k in (1, 2):
+                t = node.args[k]
+                val = t.meta["val"]
+                dims = [s if isinstance(s, int) else
+                        new.graph.call_function(aten.sym_size.int, (t, i))
+                        for i, s in enumerate(val.shape)]
+                b, h, length, d = dims
+                wide = new.graph.call_function(aten.expand.default, (
+                    new.graph.call_function(aten.unsqueeze.default, (t, 2)),
+                    [b, h, groups, length, d]))
+                node.update_arg(k, new.graph.call_function(
+                    aten.reshape.default, (wide, [b, h * groups, length, d])))
+    new.graph.lint()
+    new.recompile()
+    _propagate_meta(new)
+    return new
+
+
+def _propagate_meta(gm: torch.fx.GraphModule) -> None:
+    """``meta["val"]`` for the nodes a rewrite added, from their inputs' fake values."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None)
+    if mode is None:
+        return
+    try:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*vals)
+    except Exception:  # noqa: BLE001 - exporters re-trace; metadata is a convenience
+        log.debug("fake propagation after the head rewrite failed", exc_info=True)
 

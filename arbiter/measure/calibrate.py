@@ -159,6 +159,7 @@ class Measured:
     load: Optional[float] = None  # load average per core when measuring began
     # block cell name -> its graph's nodes as (op class, work, work is FLOPs)
     nodes: dict[str, list] = field(default_factory=dict)
+    taken: Optional[str] = None  # when (UTC, ISO seconds) measuring began
 
     def tried(self) -> set[str]:
         return set(self.times_us) | set(self.refused)
@@ -193,7 +194,8 @@ class Measured:
 
     def to_json(self) -> dict:
         return {"times_us": self.times_us, "work": self.work, "refused": self.refused,
-                "seconds": round(self.seconds, 2), "load": self.load, "nodes": self.nodes}
+                "seconds": round(self.seconds, 2), "load": self.load, "nodes": self.nodes,
+                "taken": self.taken}
 
     @classmethod
     def from_json(cls, raw: Any) -> Optional["Measured"]:
@@ -206,7 +208,8 @@ class Measured:
                        float(raw.get("seconds", 0.0)),
                        None if raw.get("load") is None else float(raw["load"]),
                        {str(k): [[str(c), float(w), bool(f)] for c, w, f in v]
-                        for k, v in (raw.get("nodes") or {}).items() if k in BLOCKS})
+                        for k, v in (raw.get("nodes") or {}).items() if k in BLOCKS},
+                       None if raw.get("taken") is None else str(raw["taken"])[:40])
         except (TypeError, ValueError, AttributeError):
             return None
 
@@ -292,8 +295,10 @@ class Calibrator:
 
         out = {n: have.get(n) or Measured({}, {}, {}) for n in names}
         load = load_per_core()
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for m in out.values():
             m.load = load if m.load is None else max(m.load, load)
+            m.taken = m.taken or now
         if load > LOADED:
             log.warning("calibrating at a load average of %.1f per core: other work shares "
                         "this machine, and the calibration will describe that load (here, "

@@ -32,7 +32,7 @@ import torch
 
 from ..cache import Cache
 from ..errors import ArbiterError
-from ..loadavg import load_average
+from ..loadavg import load_average, load_per_core
 from ..ops import real_tensors
 from ..plan.predict import BackendCalibration
 from .calibrate import CELLS, Calibrator, Measured
@@ -101,6 +101,36 @@ def read_file(path: str) -> dict[str, Measured]:
                                "hold times_us, work and refused mappings")
         out[name] = m
     return out
+
+
+#: A calibration measured at a load average above this per core is provisional: it
+#: describes the load as much as the machine (on a shared 2-core machine, predictions
+#: were off by up to 200x), and the next compile that finds the machine below it measures
+#: again.
+PROVISIONAL = 0.5
+
+
+def provisional(m: Measured) -> bool:
+    """Whether ``m`` was measured under load (``PROVISIONAL``)."""
+    return m.load is not None and m.load > PROVISIONAL
+
+
+def quieter_now(m: Measured) -> bool:
+    """Whether this machine's load per core is now below ``PROVISIONAL`` and below
+    what ``m`` was measured at."""
+    now = load_per_core()
+    return not math.isnan(now) and now <= PROVISIONAL and (m.load is None or now < m.load)
+
+
+def taken_words(m: Optional[Measured]) -> str:
+    """When and at what load ``m`` was measured, and whether it is provisional."""
+    if m is None:
+        return "not measured"
+    when = m.taken.replace("T", " ") if m.taken else "at an unrecorded time"
+    load = f"load {m.load:.2f} per core" if m.load is not None else "load unrecorded"
+    return f"taken {when}, {load}" + (
+        " (provisional: taken under load, measured again when the machine is quieter)"
+        if provisional(m) else "")
 
 
 def write_file(path: str, measured: dict[str, Measured], backends: dict) -> None:
@@ -200,6 +230,10 @@ class Calibrations:
             m = _MEMO.get(k)
             if m is None and self._cache is not None:
                 m = Measured.from_json(self._cache.get_json(KIND, k))
+            if m is not None and provisional(m) and quieter_now(m):
+                log.info("calibration of %s: taken at a load of %.2f per core (provisional); "
+                         "the machine is quieter now: measured again", n, m.load)
+                m = None
             if m is not None:
                 have[n] = m
         self.source = "cache"

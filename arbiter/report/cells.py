@@ -125,3 +125,21 @@ def distributed_entries(d: DistributedReport) -> list[str]:
         out.append("not broadcast (decided alike on every rank, or not called yet): graph "
                    + ", ".join(map(str, d.not_broadcast)))
     return out
+
+
+#: An estimate this many times off the candidate's measured time is said to be.
+ESTIMATE_OFF = 2.0
+
+
+def estimates_text(estimates: dict, measured: dict) -> str:
+    """A graph's estimates (candidate -> ms), three significant digits; one that its
+    candidate's measured time contradicts (off by ``ESTIMATE_OFF`` or more) says so
+    beside it, so a prediction is never read as a measurement."""
+    parts = []
+    for k, v in estimates.items():
+        text = f"{k} ~{v:.3g} ms"
+        got = measured.get(k)
+        if got and v and max(v / got, got / v) >= ESTIMATE_OFF:
+            text += f" (measured {got:.3g} ms: {max(v / got, got / v):.0f}x off)"
+        parts.append(text)
+    return ", ".join(parts)

@@ -44,8 +44,8 @@ import zlib
 from collections.abc import Sequence
 from typing import Optional
 
-from .cells import (distributed_entries, distributed_summary, kind_fell_back, kind_where,
-                    ops_text, plural, shapes_summary)
+from .cells import (distributed_entries, distributed_summary, estimates_text, kind_fell_back,
+                    kind_where, ops_text, plural, shapes_summary)
 from .accuracy import module_lines
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
@@ -126,8 +126,8 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
                    f"chose {_e(g.chosen or '-')}; measured: " +
                    _e(", ".join(f"{k} {v:.3f} ms" if v is not None else f"{k} -"
                                 for k, v in g.candidates_ms.items()) or "-") +
-                   "; estimated: " + _e(", ".join(f"{k} {v:.3f} ms" for k, v in
-                                                  g.estimates_ms.items()) or "-") + "</p>")
+                   "; estimated: " + _e(estimates_text(g.estimates_ms, g.candidates_ms)
+                                        or "-") + "</p>")
     for label, lines in g.candidate_fallbacks.items():
         out.append(f"<p>not chosen, fell back while timed: {_e(label)}: "
                    f"{_e('; '.join(lines))}</p>")

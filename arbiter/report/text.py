@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
 from .cells import (Cell, Col, Item, Line, Table, distributed_entries,  # noqa: F401
-                    distributed_summary, human_bytes as _bytes, kind_entries, kind_fell_back,
+                    distributed_summary, estimates_text, human_bytes as _bytes, kind_entries, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
 
 from .accuracy import module_lines
@@ -152,7 +152,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
             cands += (f"; {g.measure_rounds} interleaved rounds, winner "
                       + ("apart from the rest" if g.measure_confident
                          else "not apart from the rest (a close call)"))
-        est = ", ".join(f"{k} ~{v:.3f} ms" for k, v in g.estimates_ms.items())
+        est = estimates_text(g.estimates_ms, g.candidates_ms)
         yield Line(f"  policy {g.policy}" +
                    (", timed against eager" if g.against_eager else "") +
                    f": chose {g.chosen or '-'}" +

@@ -35,7 +35,7 @@ import torch.fx
 
 from ..decompose import for_backend
 from ..errors import describe
-from ..ops import output_values
+from ..ops import all_finite, output_values
 from ..registry import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
                       inputs_at, second_assignment, shape_env_of)
@@ -105,7 +105,21 @@ class Symbolic:
             if second is None:
                 raise ShapeError(f"{R}: compiling added guards that leave no second shape "
                                  f"to check ({', '.join(map(str, added))[:200]})")
-        check_second_shape(wrapped, gm, args, second, self.tolerances)
+        try:
+            check_second_shape(wrapped, gm, args, second, self.tolerances)
+        except ShapeError as exc:
+            # symbols equal at this call moved apart: a decoder's cache, mask and position
+            # lengths are separate symbols the model needs equal, which no guard says
+            # (eager fails or computes infinities there, or the artifact refuses them)
+            tied = second_assignment(values, args, tied=True)
+            if tied is None or tied.assignment == second.assignment:
+                raise
+            check_second_shape(wrapped, gm, args, tied, self.tolerances)
+            wrapped.tie(tied.first)
+            log.info("%s: symbolic artifact checked at a second shape with the symbols "
+                     "equal at the first call tied (%s; %s), and held to them per call",
+                     self.name, tied.describe(), exc)
+            return wrapped
         log.info("%s: symbolic artifact checked at a second shape (%s)", self.name,
                  second.describe())
         return wrapped
@@ -117,8 +131,10 @@ class Checked:
 
     def __init__(self, fn: Callable, gm: torch.fx.GraphModule, added_guards: Sequence[Any]):
         self.fn = fn
-        reader = Reader(input_values(gm))
+        self._inputs = input_values(gm)
+        reader = Reader(self._inputs)
         self._outputs = OutputCheck(gm)
+        self._ties: Any = None  # (reader, group sizes, words): ``tie``
         self._guards = None
         self._guard_text = ""
         if added_guards:
@@ -131,6 +147,32 @@ class Checked:
             log.info("symbolic artifact: compiling added guards %s (checked per call)",
                      self._guard_text[:300])
 
+    def tie(self, first: dict) -> None:
+        """Hold the artifact to calls where the symbols equal in ``first`` (symbol ->
+        value at the call it was checked at) are equal: it was checked only so."""
+        groups = {}
+        for sym, v in first.items():
+            groups.setdefault(v, []).append(sym)
+        tied = [g for g in groups.values() if len(g) > 1]
+        if not tied:
+            return
+        reader = Reader(self._inputs)
+        flat = [s for g in tied for s in g]
+        fn = reader.function(flat, "ties")
+        if fn is None:
+            raise ShapeError(f"{R}: the tied symbols cannot be read per call")
+        sizes = [len(g) for g in tied]
+        self._ties = (fn, sizes, ", ".join(" = ".join(map(str, g)) for g in tied))
+
+    def _tied(self, args: Sequence[Any]) -> bool:
+        fn, sizes, _ = self._ties
+        vals, at = fn(args), 0
+        for n in sizes:
+            if len(set(vals[at:at + n])) > 1:
+                return False
+            at += n
+        return True
+
     def attach_record(self, record) -> None:
         record.shapes = "symbolic"
         self._outputs.record = record
@@ -142,6 +184,9 @@ class Checked:
         if self._guards is not None and not all(self._guards(args)):
             raise ShapeError(f"{R}: this call breaks guards the backend added while "
                              f"compiling ({self._guard_text[:200]})")
+        if self._ties is not None and not self._tied(args):
+            raise ShapeError(f"{R}: this call's sizes are not equal where the artifact was "
+                             f"checked with them equal ({self._ties[2][:200]})")
         return self._outputs(args, self.fn(*args))
 
 
@@ -212,8 +257,9 @@ class OutputCheck:
 
 def check_second_shape(fn: Callable, gm: torch.fx.GraphModule, args: Sequence[Any],
                        second: SecondShape, tolerances: Any = None) -> float:
-    """Run ``fn`` and eager ATen at the second shape; raise ShapeError on any difference.
-    Returns the largest error."""
+    """Run ``fn`` and eager ATen at the second shape; raise ShapeError on any difference
+    (and where eager itself fails, or computes non-finite values where the two differ:
+    sizes the model does not take check nothing). Returns the largest error."""
     inputs = inputs_at(input_values(gm), args, second.assignment)
     try:
         expected = list(gm(*[_clone(a) for a in inputs]))
@@ -227,8 +273,10 @@ def check_second_shape(fn: Callable, gm: torch.fx.GraphModule, args: Sequence[An
                          f"({second.describe()}): {describe(exc)}") from exc
     cmp = compare(expected, got, tolerances)
     if not cmp.ok:
+        finite = all_finite([t for t in expected if isinstance(t, torch.Tensor)])
         raise ShapeError(f"{R}: the symbolic artifact differs from eager at a second shape "
-                         f"({second.describe()}): {cmp.detail}")
+                         f"({second.describe()}): {cmp.detail}"
+                         + ("" if finite else " (eager's own outputs are not finite there)"))
     return cmp.max_error
 
 
