@@ -209,3 +209,19 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+def tiny_llama(new_tokens: int, **generate_kw):
+    """A 1-layer Llama-style decoder (grouped-query attention: 4 query heads over 2
+    key/value heads; random weights), a batch of 2 prompts of 8 tokens and greedy
+    ``generate()`` keywords: (model, ids, kw). Skips without transformers."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (2, 8))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+              do_sample=False, pad_token_id=0, **generate_kw)
+    return model, ids, kw

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 import arbiter
 
+from conftest import tiny_llama
+
 pytest.importorskip("onnxruntime")
 
 
@@ -38,15 +40,7 @@ def test_grouped_query_attention_compiles_symbolically_on_onnxruntime(fresh_dyna
 
 
 def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo):
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   vocab_size=128, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 128, (2, 8))
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-              pad_token_id=0)
+    model, ids, kw = tiny_llama(10)
     with torch.no_grad():
         want = model.generate(ids, **kw)
         model.forward = torch.compile(model.forward, backend="arbiter", options={

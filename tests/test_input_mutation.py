@@ -13,6 +13,8 @@ from torch import nn
 import arbiter
 from arbiter.measure.rerun import Rerun, written_inputs
 
+from conftest import tiny_llama
+
 OPS = ["aten.t.default", "aten.addmm.default", "aten.view.default", "aten.sum.dim_IntList",
        "aten.mul.Tensor", "aten.add.Tensor", "aten.mm.default", "aten._unsafe_view.default"]
 SLOTS = 6
@@ -121,15 +123,7 @@ def test_static_cache_generate_gives_eagers_tokens(fresh_dynamo):
     """A 1-layer Llama's generate() with a static cache, every graph timed (policy
     measure): the decode graph writes its cache in place; eager's tokens, no
     IndexError."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   vocab_size=128, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 128, (2, 8))
-    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
-              pad_token_id=0, cache_implementation="static")
+    model, ids, kw = tiny_llama(4, cache_implementation="static")
     with torch.no_grad():
         want = model.generate(ids, **kw)
         model.forward = torch.compile(model.forward, backend="arbiter", options={
