@@ -157,3 +157,31 @@ def test_an_estimate_a_measurement_contradicts_is_flagged():
     got = estimates_text({"priority": 186.225, "only eager": 0.5},
                          {"priority": 0.933, "only eager": 0.6})
     assert got == "priority ~186 ms (measured 0.933 ms: 200x off), only eager ~0.5 ms"
+
+
+def test_size_arithmetic_is_no_eager_share_and_symbolic_bytes_vary(make_backend,
+                                                                   fresh_dynamo):
+    """A symbolic graph's `sym_size` and `s0 * s1` run inline (eager) but compute no
+    tensor: the summary's shares leave them out (before: "eager 4%"), and a symbolic
+    partition's bytes say they vary (before: "0 B/0 B")."""
+    make_backend("nu_sym", ["aten.relu.default", "aten.mul.Tensor", "aten.view.default",
+                            "aten.add.Tensor"], dynamic=True)
+    be = arbiter.Arbiter({"backends": ["nu_sym"], "min_block_size": 1,
+                          "against_eager": "off", "verify": {"mode": "off"}})
+
+    def f(x):
+        return torch.relu(x).view(-1) * 2 + 1
+
+    compiled = torch.compile(f, backend=be, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x), f(x))
+    rep = be.report(advice=False)
+    assert "varies (symbolic)" in str(rep), str(rep)
+    # an inline partition of size arithmetic alone (as Dynamo's graphs of a decoder have)
+    g = rep.graphs[0]
+    sizes = g.partitions[0].model_copy(update={
+        "id": 1, "backend": "eager", "planned_backend": "eager", "nodes": 3,
+        "ops": {"aten.sym_size.int": 2, "_operator.mul": 1}})
+    rep.graphs[0] = g.model_copy(update={"partitions": [*g.partitions, sizes]})
+    assert "ran: nu_sym 100%;" in rep.summary(), rep.summary()

@@ -171,6 +171,7 @@ class Calibrations:
         self._progress = progress
         self._got: Optional[dict[str, Measured]] = None
         self.source = ""  # "file <path>", "measured", "cache": the report says it
+        self.measuring_s = 0.0  # spent measuring (a graph's planning time leaves it out)
 
     @property
     def pinned_file(self) -> Optional[str]:
@@ -253,6 +254,7 @@ class Calibrations:
         log.info("calibration of %s: %.1f s (%d cells each)", ", ".join(missing),
                  time.perf_counter() - start, len(CELLS))
         self.source = "measured"
+        self.measuring_s += time.perf_counter() - start
         for n, m in got.items():
             _MEMO[keys[n]] = m
             if self._cache is not None:

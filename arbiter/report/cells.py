@@ -6,7 +6,7 @@ and the distributed section. Imports the model only for type checking.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .words import plural
 
@@ -143,3 +143,16 @@ def estimates_text(estimates: dict, measured: dict) -> str:
             text += f" (measured {got:.3g} ms: {max(v / got, got / v):.0f}x off)"
         parts.append(text)
     return ", ".join(parts)
+
+
+def sizes_vary(p: Any) -> bool:
+    """Whether a partition's traffic has no one size: some tensor it reads or writes is
+    symbolic (its bytes are None), so a byte count would read 0 B."""
+    return any(t.bytes is None for t in (*p.inputs, *p.outputs))
+
+
+def bytes_text(p: Any) -> str:
+    """A partition's bytes in/out, or that they vary with the symbols."""
+    if sizes_vary(p):
+        return "varies (symbolic)"
+    return f"{human_bytes(p.bytes_in + p.graph_input_bytes)}/{human_bytes(p.bytes_out)}"

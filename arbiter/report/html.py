@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .cells import (distributed_entries, distributed_summary, estimates_text, kind_fell_back,
-                    kind_where, ops_text, plural, shapes_summary)
+                    kind_where, ops_text, plural, shapes_summary, sizes_vary)
 from .accuracy import module_lines
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
@@ -181,8 +181,9 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
             [p.id, _backend(p), p.nodes,
              (", ".join(mods.get(p.id, [])[:3]) + (" …" if len(mods.get(p.id, [])) > 3 else ""),
               "\n".join(mods.get(p.id, []))),
-             _tensors(p.inputs), _tensors(p.outputs), p.bytes_in + p.graph_input_bytes,
-             p.bytes_out, p.compile_s,
+             _tensors(p.inputs), _tensors(p.outputs),
+             "varies" if sizes_vary(p) else p.bytes_in + p.graph_input_bytes,
+             "varies" if sizes_vary(p) else p.bytes_out, p.compile_s,
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
              f"{p.run_s / total:.0%}" if total and p.calls else "-",
              f"{p.copies} + {p.restride_copies} restride",

@@ -429,6 +429,16 @@ class DeployedReport(BaseModel):
                              "backends missing at load, fallbacks")
 
 
+#: Op name prefixes of size arithmetic on symbolic ints (``sym_size``, ``s0 * s1``): no
+#: tensor compute, so not counted in "ran: ..." shares.
+SIZE_ARITHMETIC = ("_operator.", "operator.", "aten.sym_", "torch.sym_", "math.")
+
+
+def compute_nodes(ops: dict[str, int]) -> int:
+    """Nodes of ``ops`` (op -> count) that compute tensors: size arithmetic left out."""
+    return sum(n for op, n in ops.items() if not op.startswith(SIZE_ARITHMETIC))
+
+
 #: What a report of a compiled model says before its first call.
 NOT_CALLED = ("not called yet: torch.compile compiles at the first call; call the model, "
               "then ask for its report")
@@ -475,7 +485,9 @@ class Report(BaseModel):
         for p in parts:
             # Not compiled (a dry run, or before the first call): the plan, said so.
             b = p.backend if p.compiled else p.planned_backend
-            by[b] = by.get(b, 0) + p.nodes
+            n = compute_nodes(p.ops) if p.ops else p.nodes
+            if n:
+                by[b] = by.get(b, 0) + n
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)

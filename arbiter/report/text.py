@@ -14,8 +14,9 @@ import io
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
-from .cells import (Cell, Col, Item, Line, Table, distributed_entries,  # noqa: F401
-                    distributed_summary, estimates_text, human_bytes as _bytes, kind_entries, kind_fell_back,
+from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
+                    distributed_entries, distributed_summary, estimates_text,
+                    human_bytes as _bytes, kind_entries, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
 
 from .accuracy import module_lines
@@ -128,7 +129,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
                                         else "")
         row: list[Cell] = [str(p.id), _backend_cell(p), str(p.nodes),
                            f"{_shapes(p.inputs)} -> {_shapes(p.outputs)}",
-                           f"{_bytes(p.bytes_in + p.graph_input_bytes)}/{_bytes(p.bytes_out)}",
+                           bytes_text(p),
                            ctime]
         if timed:
             if p.inline:
