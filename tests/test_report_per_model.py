@@ -112,8 +112,13 @@ def test_training_graphs_belong_to_their_model(fresh_dynamo):
     assert {g.model for g in rep.graphs} == {"Lin"}
 
 
-def test_not_compiled_yet_is_none(fresh_dynamo):
-    assert arbiter.report_for(torch.compile(nn.Bilinear(2, 2, 2), backend="arbiter")) is None
+def test_not_compiled_yet_says_so(fresh_dynamo):
+    """Before the first call (torch.compile compiles then) a report that says so; None
+    for a model compiled with another backend (issue 45: the README's
+    `report_for(compiled).summary()` raised AttributeError on None)."""
+    rep = arbiter.report_for(torch.compile(nn.Bilinear(2, 2, 2), backend="arbiter"))
+    assert rep is not None and rep.not_called and not rep.graphs
+    assert arbiter.report_for(torch.compile(nn.Bilinear(2, 2, 2), backend="eager")) is None
 
 
 def test_explain_leaves_other_compiled_models_alone(fresh_dynamo):
