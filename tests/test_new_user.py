@@ -185,3 +185,17 @@ def test_size_arithmetic_is_no_eager_share_and_symbolic_bytes_vary(make_backend,
         "ops": {"aten.sym_size.int": 2, "_operator.mul": 1}})
     rep.graphs[0] = g.model_copy(update={"partitions": [*g.partitions, sizes]})
     assert "ran: nu_sym 100%;" in rep.summary(), rep.summary()
+
+
+def test_a_summary_says_which_partitions_compile_per_size(make_backend, fresh_dynamo):
+    """A symbolic partition that a backend takes one size at a time (a saved program's
+    partition traced with a dynamic length whose ops are static-only) compiles at every
+    new size; the summary said only "ran: onnxruntime 100%"."""
+    make_backend("nu_static", ["aten.relu.default", "aten.mul.Tensor"])
+    be = arbiter.Arbiter({"backends": ["nu_static"], "min_block_size": 1,
+                          "against_eager": "off", "verify": {"mode": "off"}})
+    compiled = torch.compile(lambda x: torch.relu(x) * 2, backend=be, dynamic=True)
+    for n in (3, 5):
+        compiled(torch.randn(n, 4))
+    summary = be.report(advice=False).summary()
+    assert "per shape: 1 (a compile per new size)" in summary, summary

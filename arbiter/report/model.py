@@ -494,6 +494,9 @@ class Report(BaseModel):
         recompiles = len({(g.frame, g.recompile) for g in self.graphs if g.recompile})
         shaped = f"; recompiles: {recompiles}" if recompiles else ""
         breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
+        per_shape = sum(p.shapes == "per shape" for p in parts)
+        if per_shape:  # symbolic sizes a backend takes one size at a time
+            breaks += f"; per shape: {per_shape} (a compile per new size)"
         checks = [c.result for p in parts for c in p.first_use]
         if checks:  # verify `unverified`: partitions holding ops no probe verified
             failed = sum(r == "failed" for r in checks)
