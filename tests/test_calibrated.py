@@ -515,3 +515,24 @@ def test_measure_leaves_out_what_the_calibration_puts_far_behind(two):
     choice = get_policy("measure").decide(be.planner, gm, GraphContext("inference"))
     assert "only costly" in [lab for c in choice.timed.candidates for lab in c.labels]
 
+
+
+def test_writes_into_inputs_and_size_arithmetic_cut_nothing():
+    """A static KV cache's graph ends in `copy_`s into its inputs, run in place after the
+    backend's partition: that plan is one partition of compute, not a cut one to time
+    against the simple alternatives."""
+    from types import SimpleNamespace
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from arbiter.plan.policy import _cuts
+
+    gm = make_fx(lambda cache, x: cache.copy_(x.relu() * 2))(torch.zeros(4), torch.randn(4))
+    compute = [n for n in gm.graph.nodes if n.op == "call_function" and "copy_" not in str(n.target)]
+    writes = [n for n in gm.graph.nodes if "copy_" in str(n.target)]
+    assert compute and writes
+    plan = SimpleNamespace(partitions=[SimpleNamespace(nodes=compute),
+                                       SimpleNamespace(nodes=writes)])
+    assert _cuts(plan) == 1
+    plan.partitions.append(SimpleNamespace(nodes=compute))
+    assert _cuts(plan) == 2

@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Optional
 import torch.fx
 
 from ..errors import ArbiterError, unknown_name
+from ..ops import is_mutating, produces_tensor
 from .capability import CapabilityTable
 from .cost import plan_ms
 from .partition import Plan
@@ -464,12 +465,12 @@ def _simpler(planner: Planner, best: Candidate, rest: list[Candidate],
     compile is affordable, as for the runner-up). A prediction from per-op cells put a
     BERT-style training step's backward into 19 OpenVINO partitions between 19 eager ones
     at 0.75x eager (issue 48): nothing had timed it against a plan of one partition."""
-    cuts = len(best.plan.partitions)
+    cuts = _cuts(best.plan)
     if cuts <= 1:
         return []
     eager = ONLY + planner.fallback_name
     out = []
-    singles = [c for c in rest if eager not in c.labels and len(c.plan.partitions) < cuts
+    singles = [c for c in rest if eager not in c.labels and _cuts(c.plan) < cuts
                and any(label.startswith(ONLY) for label in c.labels)]
     if singles:
         single = min(singles, key=lambda c: c.estimate_ms)
@@ -478,6 +479,14 @@ def _simpler(planner: Planner, best: Candidate, rest: list[Candidate],
     if graph.against_eager != "off":
         out += [c for c in rest if eager in c.labels]
     return out
+
+
+def _cuts(plan: Plan) -> int:
+    """Partitions of ``plan`` that compute tensors: one of writes into inputs alone (a KV
+    cache's ``copy_``s after the graph) or of size arithmetic alone cuts nothing."""
+    def computes(n: torch.fx.Node) -> bool:
+        return n.op == "call_function" and not is_mutating(n) and produces_tensor(n)
+    return sum(1 for p in plan.partitions if any(computes(n) for n in p.nodes))
 
 
 def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:
