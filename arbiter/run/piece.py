@@ -4,12 +4,12 @@ A ``Piece`` is what the stitched graph calls for one partition. It compiles lazi
 its first call, with the real input tensors (so backends see real shapes and the inputs
 need not be invented from metadata). If the chosen backend fails to compile, the next
 backend of the partition's chain is tried, down to eager ATen. If a compiled piece raises
-at run time, the same happens and the call is retried: the graphs are functional (AOT
-functionalizes them), so a failed call changed nothing and a retry is safe. Later calls
-use the demoted path. A backend's failure is a backend's only when eager ATen runs the
-same inputs: when eager fails too, its error is the user's (an index out of range) and is
-raised, with nothing demoted and no cached artifact evicted; when it does not, that call
-returns eager's result. Every step is logged and kept in the piece's ``record``, which the
+at run time, eager ATen runs the same inputs (the graphs are functional: AOT
+functionalizes them, so a failed call changed nothing): when eager fails too, its error
+is the user's (an index out of range) and is raised, with nothing demoted and no cached
+artifact evicted; when it does not, that call returns eager's result and later calls use
+the next backend of the chain. A compile that fails on the call's inputs is judged the
+same way. Every step is logged and kept in the piece's ``record``, which the
 report reads: the report shows what actually ran, never what was planned.
 """
 from __future__ import annotations
