@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, Field
 
-from .words import plural
+from .words import compute_nodes, plural
 from .precision_model import AccuracyReport  # noqa: F401 - part of the model (GraphReport)
 
 #: ``str(report)``'s rendering (``text.plain``), handed over by arbiter/report/text.py when
@@ -427,16 +427,6 @@ class DeployedReport(BaseModel):
     partitions: list[DeployedPartition] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list, description="version differences, "
                              "backends missing at load, fallbacks")
-
-
-#: Op name prefixes of size arithmetic on symbolic ints (``sym_size``, ``s0 * s1``): no
-#: tensor compute, so not counted in "ran: ..." shares.
-SIZE_ARITHMETIC = ("_operator.", "operator.", "aten.sym_", "torch.sym_", "math.")
-
-
-def compute_nodes(ops: dict[str, int]) -> int:
-    """Nodes of ``ops`` (op -> count) that compute tensors: size arithmetic left out."""
-    return sum(n for op, n in ops.items() if not op.startswith(SIZE_ARITHMETIC))
 
 
 #: What a report of a compiled model says before its first call.
