@@ -371,8 +371,7 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
             statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
     lows = {s: bounds(s, env)[0] for s in syms}
     # the symbols that move as one: each alone, or (tied) those of one first value
-    groups = [[s] for s in syms] if not tied else \
-        [[s for s in syms if first[s] == v] for v in sorted({first[s] for s in syms})]
+    groups = tied_groups({s: first[s] for s in syms}) if tied else [[s] for s in syms]
     tried = 0
     for distinct in (True, False):
         for deltas in _candidate_deltas(len(groups)):
@@ -393,6 +392,12 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
             if tried > _MAX_CANDIDATES:
                 return None
     return None
+
+
+def tied_groups(values: dict) -> list[list]:
+    """The symbols of ``values`` (symbol -> int) grouped by equal value: groups in
+    increasing value, each in ``values``' order."""
+    return [[s for s in values if values[s] == v] for v in sorted(set(values.values()))]
 
 
 def _candidate_deltas(n: int, limit: int = 20 * _MAX_CANDIDATES):

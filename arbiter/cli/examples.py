@@ -7,6 +7,7 @@ eval mode: the CLI traces a model as it is (``model.training``), so ``arbiter ex
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -241,21 +242,26 @@ def model_and_inputs(got, where: str):
     return model, inputs
 
 
-def users_error(model: Any, inputs: tuple, spec: str, exc: BaseException,
-                train: bool = False) -> BaseException:
-    """What the CLI says of ``exc``, raised while compiling or running ``model``: when
-    eager fails on the same inputs too, the model's own error (an ``ArbiterError`` that
-    names it: the CLI prints one line), else ``exc`` itself (arbiter's, with its
-    traceback)."""
+@contextlib.contextmanager
+def users_errors(model: Any, inputs: tuple, spec: str, train: bool = False):
+    """Around the CLI's compile or run of ``model``: an exception other than an
+    ``ArbiterError`` is the model's own when eager fails on the same inputs too, and is
+    raised as an ``ArbiterError`` that names it (the CLI prints one line); otherwise it
+    is arbiter's and goes on with its traceback."""
     try:
-        with torch.enable_grad() if train else torch.no_grad():
-            model(*inputs)
-    except Exception as eager:  # noqa: BLE001 - what eager says is the message
-        cause = str(eager).strip().splitlines()
-        return ArbiterError(f"{spec}: the model fails in eager on its example inputs, so it "
-                            f"cannot be compiled: {type(eager).__name__}: "
-                            f"{cause[0][:500] if cause else ''}")
-    return exc
+        yield
+    except ArbiterError:
+        raise
+    except Exception as exc:
+        try:
+            with torch.enable_grad() if train else torch.no_grad():
+                model(*inputs)
+        except Exception as eager:  # noqa: BLE001 - what eager says is the message
+            cause = str(eager).strip().splitlines()
+            raise ArbiterError(f"{spec}: the model fails in eager on its example inputs, "
+                               f"so it cannot be compiled: {type(eager).__name__}: "
+                               f"{cause[0][:500] if cause else ''}") from exc
+        raise
 
 
 def load_model(spec: str):

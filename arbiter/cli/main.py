@@ -31,19 +31,15 @@ def cmd_explain(args) -> int:
     import torch
 
     from ..dryrun import explain
-    from .examples import load_model, users_error
+    from .examples import load_model, users_errors
     from .models import choose_mode
 
     model, inputs = load_model(args.model)
     train, line = choose_mode(model, args)
     print(f"arbiter: {line}", file=sys.stderr)
-    try:
-        with torch.enable_grad() if train else torch.no_grad():
-            report = explain(model, *inputs, config=args.config, backward=train)
-    except ArbiterError:
-        raise
-    except Exception as exc:  # the model's own error, or arbiter's (traceback)
-        raise users_error(model, inputs, args.model, exc, train) from exc
+    with users_errors(model, inputs, args.model, train), \
+            torch.enable_grad() if train else torch.no_grad():
+        report = explain(model, *inputs, config=args.config, backward=train)
     print(report)
     return 0
 
@@ -179,7 +175,7 @@ def _main(argv=None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         # a model that fails to trace: torch logs the fake-tensor traceback (20 lines)
-        # before raising; the CLI says the model's error in one line (examples.users_error)
+        # before raising; the CLI says the model's error in one line (examples.users_errors)
         logging.getLogger("torch._subclasses.fake_tensor").addFilter(
             lambda r: not str(r.msg).startswith("failed while attempting to run meta"))
     handler = _HANDLERS[args.cmd][1] if args.cmd in _HANDLERS else \

@@ -22,8 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import ArbiterError
-
 
 def add_arguments(parser) -> None:
     import argparse
@@ -137,7 +135,7 @@ def _saved_program(spec: str) -> bool:
 
 
 def _compile_reports(args, configs, reports) -> None:
-    from .examples import load_model, users_error
+    from .examples import load_model, users_errors
     from .models import choose_mode
     from .progress import Progress
 
@@ -148,14 +146,10 @@ def _compile_reports(args, configs, reports) -> None:
         train, line = choose_mode(model, args)
         progress.note(line)
         for k, cfg in enumerate(configs):
-            try:
+            with users_errors(model, inputs, args.model, train):
                 r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=train,
                                  time_calls=args.time, label=_label(cfg, k),
                                  progress=progress)
-            except ArbiterError:
-                raise
-            except Exception as exc:  # the model's own error, or arbiter's (traceback)
-                raise users_error(model, inputs, args.model, exc, train) from exc
             r.model = args.model
             if args.no_breaks:
                 r.graph_breaks = None

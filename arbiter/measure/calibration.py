@@ -115,11 +115,11 @@ def provisional(m: Measured) -> bool:
     return m.load is not None and m.load > PROVISIONAL
 
 
-def quieter_now(m: Measured) -> bool:
-    """Whether this machine's load per core is now below ``PROVISIONAL`` and below
-    what ``m`` was measured at."""
+def quieter_now() -> bool:
+    """Whether this machine's load per core is now at most ``PROVISIONAL`` (so below
+    what a provisional calibration was measured at)."""
     now = load_per_core()
-    return not math.isnan(now) and now <= PROVISIONAL and (m.load is None or now < m.load)
+    return not math.isnan(now) and now <= PROVISIONAL
 
 
 def taken_words(m: Optional[Measured]) -> str:
@@ -231,7 +231,7 @@ class Calibrations:
             m = _MEMO.get(k)
             if m is None and self._cache is not None:
                 m = Measured.from_json(self._cache.get_json(KIND, k))
-            if m is not None and provisional(m) and quieter_now(m):
+            if m is not None and provisional(m) and quieter_now():
                 log.info("calibration of %s: taken at a load of %.2f per core (provisional); "
                          "the machine is quieter now: measured again", n, m.load)
                 m = None

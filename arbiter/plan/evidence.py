@@ -125,11 +125,15 @@ def node_dtypes(node: torch.fx.Node) -> list[str]:
     return [_dtype_name(d.dtype) for d in tensor_descs(node) if d.dtype is not None]
 
 
+def is_compute(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is an ATen node that computes tensors (not a ``getitem``, not size
+    arithmetic)."""
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+        and not is_getitem(n) and produces_tensor(n)
+
+
 def _compute_nodes(nodes: Iterable[torch.fx.Node]) -> Iterable[torch.fx.Node]:
-    for n in nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
-                and not is_getitem(n) and produces_tensor(n):
-            yield n
+    return (n for n in nodes if is_compute(n))
 
 
 def compute_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

@@ -40,9 +40,10 @@ from typing import Any, ClassVar, Optional
 import torch.fx
 
 from ..errors import ArbiterError, unknown_name
-from ..ops import is_mutating, produces_tensor
+from ..ops import is_mutating
 from .capability import CapabilityTable
 from .cost import plan_ms
+from .evidence import is_compute
 from .partition import Plan
 from .planner import Planner
 from .predict import predict, predict_compile_s
@@ -484,9 +485,8 @@ def _simpler(planner: Planner, best: Candidate, rest: list[Candidate],
 def _cuts(plan: Plan) -> int:
     """Partitions of ``plan`` that compute tensors: one of writes into inputs alone (a KV
     cache's ``copy_``s after the graph) or of size arithmetic alone cuts nothing."""
-    def computes(n: torch.fx.Node) -> bool:
-        return n.op == "call_function" and not is_mutating(n) and produces_tensor(n)
-    return sum(1 for p in plan.partitions if any(computes(n) for n in p.nodes))
+    return sum(1 for p in plan.partitions
+               if any(is_compute(n) and not is_mutating(n) for n in p.nodes))
 
 
 def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, Field
 
-from .words import compute_nodes, plural
+from .words import plural, tensor_op_count
 from .precision_model import AccuracyReport  # noqa: F401 - part of the model (GraphReport)
 
 #: ``str(report)``'s rendering (``text.plain``), handed over by arbiter/report/text.py when
@@ -475,7 +475,7 @@ class Report(BaseModel):
         for p in parts:
             # Not compiled (a dry run, or before the first call): the plan, said so.
             b = p.backend if p.compiled else p.planned_backend
-            n = compute_nodes(p.ops) if p.ops else p.nodes
+            n = tensor_op_count(p.ops) if p.ops else p.nodes
             if n:
                 by[b] = by.get(b, 0) + n
         total = sum(by.values()) or 1

@@ -1,5 +1,5 @@
-"""Counted nouns (``plural``: "1 node", "2 nodes") and counted compute (``compute_nodes``:
-size arithmetic left out): what the model's own summary shares with the renderings
+"""Counted nouns (``plural``: "1 node", "2 nodes") and counted compute
+(``tensor_op_count``: size arithmetic left out): what the model's own summary shares with the renderings
 (``cells``, ``text``, ``html``), below all of them."""
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ def plural(n: int, noun: str, nouns: Optional[str] = None) -> str:
 SIZE_ARITHMETIC = ("_operator.", "operator.", "aten.sym_", "torch.sym_", "math.")
 
 
-def compute_nodes(ops: dict[str, int]) -> int:
+def tensor_op_count(ops: dict[str, int]) -> int:
     """Nodes of ``ops`` (op name -> count) that compute tensors: size arithmetic left out."""
     return sum(n for op, n in ops.items() if not op.startswith(SIZE_ARITHMETIC))
-

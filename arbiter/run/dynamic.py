@@ -38,7 +38,7 @@ from ..errors import describe
 from ..ops import all_finite, output_values
 from ..registry import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
-                      inputs_at, second_assignment, shape_env_of)
+                      inputs_at, second_assignment, shape_env_of, tied_groups)
 from .verify import compare
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,9 @@ class Checked:
 
     def __init__(self, fn: Callable, gm: torch.fx.GraphModule, added_guards: Sequence[Any]):
         self.fn = fn
-        self._inputs = input_values(gm)
-        reader = Reader(self._inputs)
+        reader = self._reader = Reader(input_values(gm))
         self._outputs = OutputCheck(gm)
-        self._ties: Any = None  # (reader, group sizes, words): ``tie``
+        self._ties: Any = None  # (symbols' reader, group sizes, words): ``tie``
         self._guards = None
         self._guard_text = ""
         if added_guards:
@@ -150,15 +149,10 @@ class Checked:
     def tie(self, first: dict) -> None:
         """Hold the artifact to calls where the symbols equal in ``first`` (symbol ->
         value at the call it was checked at) are equal: it was checked only so."""
-        groups = {}
-        for sym, v in first.items():
-            groups.setdefault(v, []).append(sym)
-        tied = [g for g in groups.values() if len(g) > 1]
+        tied = [g for g in tied_groups(first) if len(g) > 1]
         if not tied:
             return
-        reader = Reader(self._inputs)
-        flat = [s for g in tied for s in g]
-        fn = reader.function(flat, "ties")
+        fn = self._reader.function([s for g in tied for s in g], "ties")
         if fn is None:
             raise ShapeError(f"{R}: the tied symbols cannot be read per call")
         sizes = [len(g) for g in tied]

@@ -230,27 +230,25 @@ class Piece:
             return self._restrided(out)
 
     def _failed_run(self, level: int, exc: Exception, args: Sequence[Any]) -> Any:
-        """The backend at ``level`` raised ``exc`` on ``args``: eager ATen runs them
-        (the graphs are functional: the failed call changed nothing). Eager's error, if it
-        fails too, is the user's and is raised (``exc`` chained), nothing demoted;
-        otherwise the piece is demoted and this call returns eager's result."""
-        try:
-            out = self.gm(*args)
-        except Exception as users:
-            log.info("%s partition %d: %s failed (%s) and eager fails on the same inputs: "
-                     "the caller's error, nothing demoted", self._label,
-                     self.record.partition_id, self._backends[level].name, describe(exc))
-            raise users from exc
+        """The backend at ``level`` raised ``exc`` on ``args``: unless eager fails too
+        (``_eager_or_users_error``), the piece is demoted and this call returns eager's
+        result."""
+        out = self._eager_or_users_error(args, exc, self._backends[level].name)
         self._demote_from(level, "run", describe(exc), args)
         return out
 
-    def _raise_users_error(self, args: Sequence[Any], exc: Exception) -> None:
-        """A compile (or its first-use check, which runs the inputs) failed with
-        ``exc``: when eager ATen fails on the same inputs too, raise eager's error, the
-        user's, before anything is demoted or evicted."""
+    def _eager_or_users_error(self, args: Sequence[Any], exc: Exception, who: str) -> Any:
+        """Eager ATen's result on ``args``, after backend ``who`` failed on them with ``exc``
+        (at run time, or compiling: a first-use check runs the inputs); the graphs are
+        functional, so the failure changed nothing. When eager fails too, its error is
+        the user's and is raised (``exc`` chained), before anything is demoted or
+        evicted."""
         try:
-            self.gm(*args)
+            return self.gm(*args)
         except Exception as users:
+            log.info("%s partition %d: %s failed (%s) and eager fails on the same inputs: "
+                     "the caller's error, nothing demoted", self._label,
+                     self.record.partition_id, who, describe(exc))
             raise users from exc
 
     def _nonfinite_call(self, backend: Any, args: Sequence[Any]) -> Any:
@@ -353,7 +351,7 @@ class Piece:
                          self.record.partition_id, backend.name, time.perf_counter() - start)
                 break
             except Exception as exc:  # noqa: BLE001 - a backend failing must not fail the user
-                self._raise_users_error(args, exc)
+                self._eager_or_users_error(args, exc, backend.name)
                 failure = (backend.name, ("compile", describe(exc)))
                 log.debug("compile failure detail", exc_info=True)
                 evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
