@@ -1,0 +1,56 @@
+"""Saved programs of every format version load: files written by earlier arbiters
+(tests/fixtures/programs/, made by make_programs.py there and never refreshed) give the
+model's outputs, rebuild the chain they were saved with, and say how each partition
+loaded. Tiny models: the configs set ``against_eager: off``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import arbiter
+from arbiter.cli.examples import mlp
+
+HERE = Path(__file__).resolve().parent / "fixtures" / "programs"
+
+SYMBOLIC = ["onnxruntime (symbolic)", "onnxruntime (per shape)", "eager"]
+#: file -> (its format version, the chain at load, how partition 0 loads, batch sizes)
+FILES = {
+    "mlp_onnxruntime_symbolic_v3": (3, SYMBOLIC, "saved artifact", (2, 8, 40)),
+    "mlp_onnxruntime_symbolic_v2": (2, SYMBOLIC, "saved artifact", (2, 8, 40)),
+    "mlp_onnxruntime_symbolic_v1": (1, SYMBOLIC, "saved artifact", (2, 8, 40)),
+    "mlp_onnxruntime_static_v3": (3, ["onnxruntime", "eager"], "saved artifact", (8,)),
+    "mlp_onnxruntime_pershape_v3": (3, ["onnxruntime (per shape)", "eager"], "pending",
+                                    (3, 8)),
+    "mlp_openvino_symbolic_v3": (3, ["openvino (symbolic)", "openvino (per shape)", "eager"],
+                                 "saved artifact", (2, 8, 40)),
+    "mlp_eager_symbolic_v3": (3, ["eager"], "eager", (2, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_a_saved_file_loads(name):
+    version, chain, how, batches = FILES[name]
+    if "openvino" in name:
+        pytest.importorskip("openvino")
+    program = arbiter.load(HERE / f"{name}.arbiter")
+    assert program.deployed.format_version == version
+    assert program.deployed.check == "passed"
+    model, _ = mlp()
+    for n in batches:
+        x = torch.randn(n, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), model(x), atol=1e-5, rtol=1e-5)
+    rep = program.report()
+    assert rep.deployed.partitions[0].loaded == how
+    part = rep.graphs[0].partitions[0]
+    # the chain at load: the saved artifact (when one loaded), then the saved chain from
+    # the level it ran at (the same backend compiled again from ATen, ..., eager)
+    loaded = part.chain
+    if how == "saved artifact":
+        assert loaded[0] == f"{chain[0].partition(' (')[0]} (saved)", loaded
+        loaded = loaded[1:]
+    assert loaded == chain
+    # nothing fell back at load (the saved report's own fallbacks stay in it)
+    assert not [f for f in part.fallbacks if f.stage in ("load", "verify")], part.fallbacks
