@@ -38,11 +38,11 @@ from .plan.partition import Plan
 from .plan.planner import Planner
 from .plan.policy import GraphContext, get_policy
 from .plan.rules import RuleWatch, config_rules, names
-from .registry import Backend, get_backend_class, install_advice
+from .registry import Backend, install_advice
 from .report import Report
 from .report.assemble import assemble
 from .report.build import SHAPE_EAGER_WARN, shape_eager_share
-from .run.build import Builder
+from .run.build import Builder, instantiate
 from .run.first_use import FirstUse
 from .run.fold import fold_constants
 from .run.legacy_cat import drop_legacy_empty
@@ -100,10 +100,7 @@ class Arbiter:
         self.unavailable: dict[str, str] = {}
         self.plans_only: dict[str, str] = {}  # dry runs: cannot run here, planned onto
         for name in self.config.chain_names():
-            cls = get_backend_class(name)
-            backend = cls(cls.Options.model_validate(self.config.options_for(name)))
-            if name in self.config.manifests:  # a user's manifest (`arbiter probe --out`)
-                backend.use_manifest(self.config.manifests[name])
+            backend = instantiate(self.config, name)
             try:
                 ok, why = backend.available()
             except Exception as exc:  # noqa: BLE001 - a broken install (not only ImportError)
@@ -114,7 +111,7 @@ class Arbiter:
                 self.plans_only[name] = why
                 log.info("backend %s cannot run here (%s); the dry run plans onto it", name, why)
             elif not ok:
-                hint = install_advice(cls)  # only when a package it needs is missing
+                hint = install_advice(type(backend))  # only when a package it needs is missing
                 self.unavailable[name] = why + hint
                 log.warning("backend %s is unavailable: %s%s", name, why, hint)
             self.backends[name] = backend

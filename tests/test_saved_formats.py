@@ -54,3 +54,64 @@ def test_a_saved_file_loads(name):
     assert loaded == chain
     # nothing fell back at load (the saved report's own fallbacks stay in it)
     assert not [f for f in part.fallbacks if f.stage in ("load", "verify")], part.fallbacks
+
+
+def _saved_symbolic(path: Path) -> None:
+    model, args = mlp()
+    batch = ({0: torch.export.Dim("batch", min=2, max=64)},)
+    arbiter.export(model, args, dynamic_shapes=batch,
+                   config={"backends": ["onnxruntime"], "against_eager": "off"}).save(path)
+
+
+def test_the_loader_follows_a_changed_label(tmp_path, monkeypatch):
+    """Labels are derived from links, never read back: with another label layout the
+    file saves and loads the same chain, shown in the new layout."""
+    from arbiter.run.chain import Link
+
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(Link, "label", property(
+        lambda k: f"{k.name} <{k.mode.value}>" if k.mode.value != "static" else k.name))
+    _saved_symbolic(tmp_path / "p.arbiter")
+    program = arbiter.load(tmp_path / "p.arbiter")
+    assert program.deployed.check == "passed"
+    part = program.report().graphs[0].partitions[0]
+    assert part.chain == ["onnxruntime <saved>", "onnxruntime <symbolic>",
+                          "onnxruntime <per shape>", "eager"]
+    model, _ = mlp()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_the_loader_follows_a_changed_mode(tmp_path):
+    """A file whose partition's links say "per shape" where its labels say "symbolic"
+    (links edited, the artifact dropped) loads the links' chain: the partition compiles
+    per shape at load; the labels are not read."""
+    import json
+    import zipfile
+
+    pytest.importorskip("onnxruntime")
+    src, dst = tmp_path / "p.arbiter", tmp_path / "q.arbiter"
+    _saved_symbolic(src)
+    with zipfile.ZipFile(src) as zin:
+        m = json.loads(zin.read("manifest.json"))
+        part = m["plan"]["partitions"][0]
+        assert [k["mode"] for k in part["links"]] == ["symbolic", "per shape", "static"]
+        assert part["chain"][0] == "onnxruntime (symbolic)"
+        part["links"][0]["mode"] = "per shape"
+        part["artifact"], part["not_saved"] = None, "dropped by the test"
+        with zipfile.ZipFile(dst, "w") as zout:
+            for info in zin.infolist():
+                blob = zin.read(info.filename)
+                zout.writestr(info.filename, json.dumps(m).encode()
+                              if info.filename == "manifest.json" else blob)
+    program = arbiter.load(dst)
+    assert program.deployed.check == "passed"
+    model, _ = mlp()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(program(x), model(x), atol=1e-5, rtol=1e-5)
+    got = program.report().graphs[0].partitions[0]
+    assert got.chain == ["onnxruntime (per shape)", "onnxruntime (per shape)", "eager"]
+    assert got.backend == "onnxruntime" and got.shapes == "per shape"
+    assert got.specializations == 2  # the check's batch of 8, then 5

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from .dropout import SPLIT_DROPOUT_DTYPES, dropout_mask_op, split_dropout
 from .own import extra
-from .per_backend import CACHE_SIZE, Decompositions, for_backend, for_names, wants
+from .per_backend import (CACHE_SIZE, Decompositions, for_backend, for_names, for_symbolic,
+                          wants)
 from .tables import resolve_op, table
 from .tracing import KEEPS_OP, SYMBOLIC_KEEPS, NotDecomposable
 
 __all__ = ["CACHE_SIZE", "KEEPS_OP", "SPLIT_DROPOUT_DTYPES", "SYMBOLIC_KEEPS", "Decompositions",
-           "NotDecomposable", "dropout_mask_op", "extra", "for_backend", "for_names",
+           "NotDecomposable", "dropout_mask_op", "extra", "for_backend", "for_names", "for_symbolic",
            "resolve_op", "split_dropout", "table", "wants"]

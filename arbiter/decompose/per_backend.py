@@ -121,19 +121,16 @@ def for_names(names: Sequence[str]) -> Decompositions:
 
 def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
     """The partition ``gm`` as ``backend`` (a ``registry.Backend``) gets it: the nodes its
-    manifest's ``decompositions:`` names replaced by their decompositions. A view of a
-    backend without a manifest of its own (``run.dynamic.Symbolic``: decompositions are
-    traced for static shapes only) gets ``gm`` as it is; ``run.dynamic.PerShape``
-    decomposes each specialized (static) graph itself."""
-    manifest = getattr(backend, "manifest", None)
-    if manifest is None:
-        inner = getattr(backend, "backend", None)
-        if getattr(backend, "mode", "") == "symbolic" and inner is not None:
-            # decompositions are traced for static shapes; grouped heads are not
-            return repeat_grouped_heads(gm, _names(inner))
-        return gm
+    manifest's ``decompositions:`` names replaced by their decompositions."""
     names = _names(backend)
     return for_names(names).apply(gm) if names else gm
+
+
+def for_symbolic(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
+    """A symbolic partition as ``backend`` gets it: decompositions are traced for static
+    shapes only, so none is applied; grouped attention heads are repeated where its
+    manifest wants the flash attention decomposed (``repeat_grouped_heads``)."""
+    return repeat_grouped_heads(gm, _names(backend))
 
 
 def _names(backend: Any) -> tuple:

@@ -31,10 +31,11 @@ from ..errors import ArbiterError
 
 FORMAT = "arbiter-program"
 #: 2: an artifact may refer to the program's weights instead of holding them (shared.py);
-#: 3: a weight the artifacts take only transposed is stored transposed (saving.py)
-FORMAT_VERSION = 3
+#: 3: a weight the artifacts take only transposed is stored transposed (saving.py);
+#: 4: each partition's chain as data, ``links`` (format.py; 1-3 have labels only)
+FORMAT_VERSION = 4
 #: the versions this arbiter reads (1: every artifact holds its own weights)
-READS = (1, 2, 3)
+READS = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 MAX_MANIFEST = 64 * 1024 * 1024
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature ... name, extra lengths

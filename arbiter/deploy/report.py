@@ -29,6 +29,8 @@ def loaded_report(saved: dict, records: dict, deployed: Any) -> Report:
             p.compile_s = rec.compile_s
             p.verify_checks = rec.verify_checks
             p.verify_max_error = rec.verify_max_error
+            if rec.backend:  # how the running entry took the shapes (run/dynamic.py)
+                p.shapes, p.specializations = rec.shapes, rec.specializations
     report.kinds = kind_reports(report.graphs, eager or {"eager"})
     report.deployed = DeployedReport(
         path=deployed.path, format_version=deployed.format_version,

@@ -16,30 +16,19 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-from .._version import __version__
 from ..errors import describe
+from ..run.chain import Mode
 from .archive import write
+from .format import (SavedArtifact, SavedLink, SavedManifest, SavedPartition, SavedPlan,
+                     versions)
 from .safe_program import to_bytes
 from .shared import TRANSPOSED, SharedWeights, with_shared
 
 log = logging.getLogger(__name__)
-
-
-def versions(backends: dict[str, Any]) -> dict[str, str]:
-    """python, torch, arbiter and each backend's ``version()``."""
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "arbiter": __version__}
-    for name, b in backends.items():
-        try:
-            out[name] = str(b.version())
-        except Exception as exc:  # noqa: BLE001 - an unavailable backend has none
-            out[name] = f"unavailable ({describe(exc)})"
-    return out
 
 
 def tensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -49,8 +38,6 @@ def tensors_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def save(program: Any, source: Any, path: str | os.PathLike) -> None:
-    from ..run.dynamic import Checked
-
     arb = source.arbiter
     record = source.record
     program_json, weights = to_bytes(source.ep)
@@ -63,57 +50,49 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
     parts = []
     for part in record.plan.partitions:
         rec = record.records[part.id]
-        entry: dict[str, Any] = {"id": part.id, "planned": part.backend, "nodes": part.names,
-                                 "chain": list(rec.chain), "ran": rec.backend,
-                                 "inline": part.id not in pieces, "artifact": None}
         piece = pieces.get(part.id)
+        saved = SavedPartition(id=part.id, planned=part.backend, nodes=part.names,
+                               chain=list(rec.chain), ran=rec.backend, inline=piece is None,
+                               links=[SavedLink.of(k) for k in rec.links])
         if piece is not None:
-            view, fn = piece.current()
-            entry["level"] = piece.level()
-            if view is not None and not view.inline_aten:
-                backend = getattr(view, "backend", view)
-                raw = fn.fn if isinstance(fn, Checked) else fn
-                why = None
-                if getattr(view, "mode", "") == "per shape":
-                    why = "compiled per shape"
-                saved = None
-                if why is None:
-                    try:
-                        saved = with_shared(backend.save_artifact, raw, piece.gm,
-                                            shared=shared)
-                    except Exception as exc:  # noqa: BLE001 - saved as ATen instead
-                        why = f"{backend.name} failed to save it ({describe(exc)})"
-                        log.warning("partition %d: %s; saved as ATen, compiled again at "
-                                    "load", part.id, why)
-                if saved is not None:
-                    meta, blobs = saved
-                    names = {}
-                    for name, blob in blobs.items():
-                        key = f"partitions/{part.id}/{name}"
-                        files[key] = blob
-                        names[name] = key
-                    entry["artifact"] = {"backend": backend.name, "entry": meta, "files": names}
-                else:
-                    entry["not_saved"] = why or f"{backend.name} has no saved form of it"
-        parts.append(entry)
+            saved.level, entry, fn = piece.running()
+            if entry is not None and not entry.inline_aten:
+                saved.artifact, saved.not_saved = _artifact(part.id, entry, fn, piece.gm,
+                                                            shared, files)
+        parts.append(saved)
     # a matrix the artifacts take only transposed is stored transposed (the ATen program
     # gets a transposed view of it at load): a load then makes no copy of it
     flipped = sorted(k for k in shared.found if TRANSPOSED + k in shared.refs
                      and k not in shared.refs and weights[k].dim() == 2)
     files["weights.safetensors"] = tensors_bytes(
         {k: v.t() if k in flipped else v for k, v in weights.items()})
-    report = program.report()
-    config = arb.config.model_dump(mode="json", exclude={"source"})
-    manifest = {
-        "model": source.model,
-        "versions": versions(arb.backends),
-        "config": config,
-        "signature": program.signature.to_json(),
-        "plan": {"partitions": parts},
-        "shared_weights": sorted(shared.refs),
-        "stored_transposed": flipped,
-        "report": report.model_dump(mode="json"),
-    }
-    write(path, manifest, files)
+    manifest = SavedManifest(
+        model=source.model, versions=versions(arb.backends),
+        config=arb.config.model_dump(mode="json", exclude={"source"}),
+        signature=program.signature.to_json(), plan=SavedPlan(partitions=parts),
+        shared_weights=sorted(shared.refs), stored_transposed=flipped,
+        report=program.report().model_dump(mode="json"))
+    write(path, manifest.model_dump(mode="json"), files)
     log.info("saved %s: %d partitions, %d artifacts, %d weights shared with them", path,
-             len(parts), sum(p["artifact"] is not None for p in parts), len(shared.found))
+             len(parts), sum(p.artifact is not None for p in parts), len(shared.found))
+
+
+def _artifact(pid: int, entry: Any, fn: Any, gm: Any, shared: SharedWeights,
+              files: dict[str, bytes]) -> tuple[Optional[SavedArtifact], Optional[str]]:
+    """Partition ``pid``'s artifact (its files added to ``files``), or why it has none."""
+    if entry.mode is Mode.PER_SHAPE:
+        return None, "compiled per shape"
+    try:
+        saved = with_shared(entry.backend.save_artifact, fn, gm, shared=shared)
+    except Exception as exc:  # noqa: BLE001 - saved as ATen instead
+        why = f"{entry.backend.name} failed to save it ({describe(exc)})"
+        log.warning("partition %d: %s; saved as ATen, compiled again at load", pid, why)
+        return None, why
+    if saved is None:
+        return None, f"{entry.backend.name} has no saved form of it"
+    meta, blobs = saved
+    names = {}
+    for name, blob in blobs.items():
+        names[name] = key = f"partitions/{pid}/{name}"
+        files[key] = blob
+    return SavedArtifact(backend=entry.backend.name, entry=meta, files=names), None

@@ -1,7 +1,8 @@
 """A plan made callable: one lazily compiled ``Piece`` per partition that a backend
-compiles (its chain from ``Planner.chain_for``, with per-shape views under symbolic
-shapes, ``dynamic.shape_chain``), inline (eager) partitions run in place, all stitched
-into one GraphModule (``split.stitch``).
+compiles (its chain's links from ``Planner.chain_for`` in the modes its shapes call for,
+``dynamic.shape_links``, made runnable by ``assemble``), inline (eager) partitions run in
+place, all stitched into one GraphModule (``split.stitch``). ``assemble`` and
+``new_piece`` serve the loader too (arbiter/deploy/loading.py).
 
 Pieces are shared through a dict the caller keeps per graph, by (chain, nodes): a
 partition that two candidate plans of a graph have in common compiles once (policy
@@ -9,16 +10,62 @@ partition that two candidate plans of a graph have in common compiles once (poli
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import torch
 
 from ..config import Config, VerifyOptions
 from ..plan.partition import Plan
 from ..plan.planner import Planner
-from .dynamic import chain_labels, shape_chain
+from ..registry import Backend, get_backend_class
+from .chain import Entry, Link, Mode
+from .dynamic import PerShape, Symbolic, shape_links
 from .first_use import FirstUse
 from .piece import Piece, PieceRecord
 from .split import extract, stitch
+
+
+def instantiate(config: Config, name: str) -> Backend:
+    """The backend ``name`` with the config's options for it and, where the config names
+    one, its user manifest (``arbiter probe --out``): what compiling and loading run."""
+    cls = get_backend_class(name)
+    backend = cls(cls.Options.model_validate(config.options_for(name)))
+    if name in config.manifests:
+        backend.use_manifest(config.manifests[name])
+    return backend
+
+
+def entry_of(link: Link, backend: Any, *, limit: int, tolerances: Any = None,
+             graph_label: str = "") -> Entry:
+    """The runnable entry of ``link`` around ``backend`` (the backend it names):
+    ``limit``: shapes.max_specializations (per shape), ``tolerances``: the second-shape
+    check's (symbolic)."""
+    if link.mode is Mode.SYMBOLIC:
+        return Symbolic(backend, tolerances)
+    if link.mode is Mode.PER_SHAPE:
+        return PerShape(backend, limit, graph_label)
+    if link.mode is Mode.STATIC:
+        return Entry(backend)
+    raise ValueError(f"{link.label}: a {link.mode.value} entry is made by its loader")
+
+
+def assemble(links: Sequence[Link], backends: dict[str, Any], *, limit: int,
+             tolerances: Any = None, graph_label: str = "") -> list[Entry]:
+    """The runnable chain of ``links``; ``backends``: name -> backend (variants by their
+    own names)."""
+    return [entry_of(k, backends[k.name], limit=limit, tolerances=tolerances,
+                     graph_label=graph_label) for k in links]
+
+
+def new_piece(part_id: int, planned: str, gm: torch.fx.GraphModule, chain: Sequence[Entry],
+              graph_label: str, config: Config, verify: Optional[VerifyOptions] = None,
+              **extra: Any) -> Piece:
+    """The piece running ``gm`` down ``chain``, with its record; ``verify``: its checks
+    (None: the config's); ``extra``: Piece's other options."""
+    record = PieceRecord.of_links(part_id, planned, [e.link for e in chain])
+    return Piece(record, gm, chain, graph_label, verify=verify or config.verify,
+                 compile_timeout_s=config.compile_timeout_s, **extra)
 
 #: Pieces of one graph's plans: (chain's backend names, node names) -> (its
 #: ``split.extract`` result, the piece).
@@ -50,10 +97,12 @@ class Builder:
         records: dict[int, PieceRecord] = {}
         runners = {}
         inline = set()
+        every = {**self._planner.backends, **self._planner.variants}
         for part in plan.partitions:
             chain = self._planner.chain_for(plan, part)
             if chain[0].inline_aten or self._dry_run:
-                record = PieceRecord(part.id, part.backend, [b.name for b in chain])
+                record = PieceRecord.of_links(part.id, part.backend,
+                                              [Entry(b).link for b in chain])
                 record.backend = part.backend if not self._dry_run else ""
                 records[part.id] = record
                 inline.add(part.id)
@@ -62,16 +111,14 @@ class Builder:
             key = (tuple(b.name for b in chain), names)
             if key not in pieces:
                 sub = extract(plan, part, constants)
-                # symbolic shapes: views of the chain's backends (run/dynamic.py)
+                # symbolic shapes: the modes the chain's backends take them in (dynamic.py)
                 per_shape = {b for n in part.nodes for b in plan.support[n].per_shape}
-                chain = shape_chain(chain, sub.gm, per_shape,
-                                    config.shapes.max_specializations,
-                                    config.verify.tolerances, label)
-                record = PieceRecord(part.id, part.backend, chain_labels(chain))
-                piece = Piece(record, sub.gm, chain, label, verify=config.verify,
-                              compile_timeout_s=config.compile_timeout_s,
-                              lowered_verify=self._lowered_verify,
-                              first_use=self._first_use)
+                links = shape_links(chain, sub.gm, per_shape, config.shapes.max_specializations)
+                entries = assemble(links, every, limit=config.shapes.max_specializations,
+                                   tolerances=config.verify.tolerances, graph_label=label)
+                piece = new_piece(part.id, part.backend, sub.gm, entries, label, config,
+                                  lowered_verify=self._lowered_verify,
+                                  first_use=self._first_use)
                 piece.node_names = names  # measure/ keys per-partition timings by it
                 self._track(piece)
                 pieces[key] = (sub, piece)

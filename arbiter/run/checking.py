@@ -14,6 +14,7 @@ import torch
 from ..config import VerifyOptions
 from ..errors import describe
 from .call_checks import restore, same_bits, shared_buffers
+from .chain import Mode
 from .compiling import compile_lock
 from .first_use import FirstUse, FirstUseCheck
 from .record import PieceRecord
@@ -57,14 +58,14 @@ class PieceChecks:
 
     def checks_unverified(self, backend: Any) -> bool:
         """Whether ``backend`` runs under verify mode ``unverified`` here."""
-        lowered = bool(getattr(backend, "precision", "")) and self._lowered_cfg is not None
+        lowered = bool(backend.precision) and self._lowered_cfg is not None
         cfg = self._lowered_cfg if lowered else self._verify_cfg
         return not backend.inline_aten and cfg is not None and cfg.mode == "unverified"
 
     def start(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
         """A backend of the chain now runs (at ``level``; it compiled ``got``): its
         settings (a lower-precision one has its own), its first-use check planned."""
-        lowered = bool(getattr(backend, "precision", ""))  # a variant: its own checks
+        lowered = bool(backend.precision)  # a variant: its own checks
         self.use(self._lowered_cfg if lowered and self._lowered_cfg is not None
                  else self._verify_cfg)
         self._checking = None
@@ -134,7 +135,7 @@ class PieceChecks:
     def _plan_first_use(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
         """Verify mode ``unverified``: the next call is checked against eager when
         ``got`` (what the backend compiled) holds an unverified (op, dtype)."""
-        symbolic = getattr(backend, "mode", "") == "symbolic"
+        symbolic = backend.mode is Mode.SYMBOLIC
         items = self.first_use.needed(backend, got, symbolic)
         if not items:
             return

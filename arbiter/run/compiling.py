@@ -10,8 +10,7 @@ from typing import Optional
 
 import torch
 
-from ..decompose import for_backend
-from ..registry import Backend
+from .chain import Entry
 from .isolation import tracing_in_this_thread
 
 
@@ -41,11 +40,11 @@ class CompileTimeout(Exception):
     """A backend's compile did not finish within the config's ``compile_timeout_s``."""
 
 
-def compile_for(backend: Backend, gm: torch.fx.GraphModule, args: list,
+def compile_for(backend: Entry, gm: torch.fx.GraphModule, args: list,
                 timeout: Optional[float]) -> tuple[Callable, torch.fx.GraphModule]:
-    """``backend.compile(gm, args)``, the nodes its manifest wants decomposed decomposed
-    for it alone (arbiter/decompose/: the next backends and eager get ``gm`` as it is),
-    and the graph the backend got; with a ``timeout``, in a helper thread waited for at
+    """``backend.compile(gm, args)`` (a chain entry) on the graph as that entry gets it
+    (``Entry.graph_for``: the nodes its manifest wants decomposed, decomposed for it
+    alone; the next entries and eager get ``gm`` as it is), and that graph; with a ``timeout``, in a helper thread waited for at
     most that long (CompileTimeout after).
 
     Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
@@ -55,7 +54,7 @@ def compile_for(backend: Backend, gm: torch.fx.GraphModule, args: list,
     ``_disable_current_modes``. Dynamo's compile lock stays with the waiting caller, so
     a backend that takes that lock itself would wait for it, and time out."""
     def build() -> tuple[Callable, torch.fx.GraphModule]:
-        got = for_backend(gm, backend)  # traced (make_fx) like the compile
+        got = backend.graph_for(gm)  # traced (make_fx) like the compile
         return backend.compile(got, args), got
 
     if timeout is None:

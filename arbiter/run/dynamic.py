@@ -33,12 +33,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..decompose import for_backend
+from ..decompose import for_backend, for_symbolic
 from ..errors import describe
 from ..ops import all_finite, output_values
 from ..registry import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
                       inputs_at, second_assignment, shape_env_of, tied_groups)
+from .chain import Entry, Link, Mode
 from .verify import compare
 
 log = logging.getLogger(__name__)
@@ -50,43 +51,37 @@ class ShapeError(RuntimeError):
     """A symbolic artifact that cannot be trusted, or a shape past a limit."""
 
 
-def shape_chain(chain: Sequence[Backend], gm: torch.fx.GraphModule,
-                per_shape: set[str], limit: int, tolerances: Any = None,
-                label: str = "") -> list:
-    """The chain of a partition, as backend views when ``gm`` is symbolic (see module).
+def shape_links(chain: Sequence[Backend], gm: torch.fx.GraphModule, per_shape: set[str],
+                limit: int) -> list[Link]:
+    """The links of a partition's chain (``chain``: its backends in order), in the modes
+    ``gm``'s shapes call for (see the module).
 
     ``per_shape``: backends some node of the partition may run on only per concrete shape.
-    Order: the backends that may take the symbols (in chain order), then every compiling
+    Symbolic: the backends that may take the symbols (in chain order), then every compiling
     backend per shape (when ``limit`` > 0), then the inline fallback."""
+    links = [Entry(b).link for b in chain]
     if not graph_is_symbolic(gm):
-        return list(chain)
-    compiling = [b for b in chain if not b.inline_aten]
-    out: list = [Symbolic(b, tolerances) for b in compiling if b.name not in per_shape]
+        return links
+    compiling = [(b, k) for b, k in zip(chain, links) if not b.inline_aten]
+    out = [Link(k.backend, k.precision, Mode.SYMBOLIC) for b, k in compiling
+           if b.name not in per_shape]
     if limit > 0:
-        out += [PerShape(b, limit, label) for b in compiling]
-    out += [b for b in chain if b.inline_aten]
-    return out
-
-
-def chain_labels(chain: Sequence[Any]) -> list[str]:
-    """Names for the report: ``onnxruntime (symbolic)``, ``onnxruntime (per shape)``."""
-    return [f"{b.name} ({b.mode})" if hasattr(b, "mode") else b.name for b in chain]
+        out += [Link(k.backend, k.precision, Mode.PER_SHAPE) for _, k in compiling]
+    return out + [k for b, k in zip(chain, links) if b.inline_aten]
 
 
 # -- one artifact for every size -------------------------------------------------------
-class Symbolic:
+class Symbolic(Entry):
     """A backend compiling a symbolic partition once; see the module docstring."""
 
-    inline_aten = False
-    mode = "symbolic"
+    mode = Mode.SYMBOLIC
 
     def __init__(self, backend: Backend, tolerances: Any = None):
-        self.backend = backend
-        self.name = backend.name
+        super().__init__(backend)
         self.tolerances = tolerances
 
-    def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
-        return self.backend.nonfinite_guard(gm)
+    def graph_for(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return for_symbolic(gm, self.backend)
 
     def compile(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
         values = input_values(gm)
@@ -279,23 +274,21 @@ def _clone(a: Any) -> Any:
 
 
 # -- one artifact per size -------------------------------------------------------------
-class PerShape:
+class PerShape(Entry):
     """A backend compiling a symbolic partition per concrete input shape."""
 
-    inline_aten = False
-    mode = "per shape"
+    mode = Mode.PER_SHAPE
 
-    def __init__(self, backend: Backend, limit: int, label: str = ""):
-        self.backend = backend
-        self.name = backend.name
+    def __init__(self, backend: Backend, limit: int, graph_label: str = ""):
+        super().__init__(backend)
         self.limit = limit
-        self.label = label
+        self.graph_label = graph_label
 
-    def nonfinite_guard(self, gm: torch.fx.GraphModule) -> list[str]:
-        return self.backend.nonfinite_guard(gm)
+    def graph_for(self, gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        return gm  # each specialized (static) graph is decomposed for it (``Specialized``)
 
     def compile(self, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable:
-        return Specialized(self.backend, gm, args, self.limit, self.label)
+        return Specialized(self.backend, gm, args, self.limit, self.graph_label)
 
 
 def shape_key(args: Sequence[Any]) -> tuple:

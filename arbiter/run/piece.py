@@ -28,10 +28,11 @@ from ..cache import served
 from ..config import VerifyOptions
 from ..errors import describe
 from ..ops import is_random, output_values
-from ..registry import Backend
+from .chain import Entry
 from .call_checks import IndexGuard, all_finite, restore, snapshot
 from .checking import PieceChecks
 from .compiling import compile_for, compile_lock, evict
+from .dynamic import Checked
 from .first_use import FirstUse
 from .record import Fallback, PieceRecord
 from .verify import check_meta, output_specs
@@ -79,13 +80,13 @@ class Piece:
     """
 
     def __init__(self, record: PieceRecord, gm: torch.fx.GraphModule,
-                 backends: Sequence[Backend], graph_label: str,
+                 backends: Sequence[Entry], graph_label: str,
                  verify: Optional[VerifyOptions] = None,
                  compile_timeout_s: Optional[float] = None,
                  lowered_verify: Optional[VerifyOptions] = None,
                  first_use: Optional[FirstUse] = None):
         """``verify``: the config's VerifyOptions; ``lowered_verify``: those for a backend
-        of the chain that runs at a lower precision (``Backend.precision``; config
+        of the chain that runs at a lower precision (``Entry.precision``; config
         `accuracy`: ``AccuracyOptions.verify_options``), used while it runs.
         ``first_use``: with verify mode ``unverified``, what decides and localizes the
         first-use checks (run/first_use.py; a default one otherwise)."""
@@ -131,15 +132,14 @@ class Piece:
         # positions read from the inputs (token ids), checked before a backend runs
         self._index_guard = IndexGuard.of(gm)
 
-    def current(self) -> tuple[Any, Callable]:
-        """(the chain entry running now, its callable); (None, the ATen graph) before the
-        first call compiled anything (arbiter.deploy saves what runs)."""
+    def running(self) -> tuple[int, Optional[Entry], Callable]:
+        """(the chain position running now, its entry, its artifact: the backend's own
+        callable, without a symbolic one's per-call checks); (-1, None, the ATen graph)
+        before the first call compiled anything (arbiter.deploy saves what runs)."""
         level, fn = self._current
-        return (self._backends[level] if level >= 0 else None), fn
-
-    def level(self) -> int:
-        """The position in the chain of the entry running now (-1 before compiling)."""
-        return self._current[0]
+        if level < 0:
+            return level, None, fn
+        return level, self._backends[level], fn.fn if isinstance(fn, Checked) else fn
 
     @property
     def _fn(self) -> Callable:
@@ -364,7 +364,7 @@ class Piece:
             self._guarded[level] = guard
         self.record.nonfinite_ops = list(guard)
         self.record.backend = backend.name
-        self.record.precision = getattr(backend, "precision", "") or ""
+        self.record.precision = backend.precision
         self.record.compile_s += time.perf_counter() - start
         self._current = (level, fn)
 

@@ -4,11 +4,13 @@ changes. Kept by the ``Arbiter``, updated by the runtime (``piece`` falls back,
 ``measured`` installs a choice, ``freeze`` re-freezes), read by the report."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
+from .chain import Link
 from .first_use import FirstUseCheck
 from .freeze import WeightEvent
 from .owner import UNKNOWN, Owner
@@ -49,6 +51,14 @@ class PieceRecord:
     nonfinite_calls: int = 0
     # verify `unverified`: each backend's first-use check (run/first_use.py)
     first_use: list[FirstUseCheck] = field(default_factory=list)
+    # the chain as data (run/chain.py), whose labels ``chain`` holds: what a saved file keeps
+    links: list[Link] = field(default_factory=list)
+
+    @classmethod
+    def of_links(cls, partition_id: int, planned: str, links: Sequence[Link],
+                 **fields: Any) -> "PieceRecord":
+        return cls(partition_id, planned, [k.label for k in links], links=list(links),
+                   **fields)
 
 
 @dataclass
