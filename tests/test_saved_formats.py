@@ -27,6 +27,8 @@ FILES = {
                                  "saved artifact", (2, 8, 40)),
     "mlp_eager_symbolic_v3": (3, ["eager"], "eager", (2, 8)),
 }
+# version 4 (links): the same programs
+FILES.update({k.replace("_v3", "_v4"): (4, *v[1:]) for k, v in FILES.items() if k.endswith("_v3")})
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
