@@ -1,11 +1,13 @@
 """``Arbiter``: the torch.compile backend that splits graphs across backends.
 
-Orchestration only: each stage lives in its own module. Call hierarchy for one Dynamo
+The session: the config's backends, planner, policy, calibration and resources, the
+graphs Dynamo handed it and their records; each stage lives in its own module. Call hierarchy for one Dynamo
 graph::
 
     Arbiter.__call__(gm, example_inputs)          # Dynamo hands us a Torch-IR graph
       run.lower.lower                             # AOTAutograd -> ATen graphs
-        Arbiter._compile_graph(graph, kind)       # once per inference/forward/backward graph
+        GraphCompiler.compile(graph, kind)        # compile_graph.py: once per graph kind
+          run.passes.apply                        # the graph passes, in one order
           policy.decide(planner, graph, context)  # plan.policy: who runs what, what is timed
           run.split.extract / run.piece.Piece     # one lazily compiled piece per partition
           run.split.stitch                        # one GraphModule calling the pieces
@@ -21,40 +23,33 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.fx
 
 from .cache import from_options as cache_from_options
 from .config import Config, ConfigLike, VerifyOptions, load_config
-from .decompose import split_dropout
 from .errors import ConfigError
 from .findings import findings
 from .measure.calibration import Calibrations
-from .measure.graph import GraphToMeasure, MeasuredGraph
 from .ops import op_name
+from .compile_graph import GraphCompiler
 from .plan.partition import Plan
 from .plan.planner import Planner
-from .plan.policy import GraphContext, get_policy
+from .plan.policy import get_policy
 from .plan.rules import RuleWatch, config_rules, names
 from .registry import Backend, install_advice
 from .report import Report
 from .report.assemble import assemble
-from .report.build import SHAPE_EAGER_WARN, shape_eager_share
 from .run.build import Builder, instantiate
 from .run.first_use import FirstUse
-from .run.fold import fold_constants
-from .run.legacy_cat import drop_legacy_empty
-from .run.freeze import FrozenGraph, placeholder_positions
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
-from .run.piece import Piece, PieceRecord
-from .run.owner import UNKNOWN, Owner, current_owner, matches, owner_of
+from .run.owner import Owner, current_owner, matches, owner_of
+from .run.piece import Piece
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
-from .run.resources import spin_follows
-from .shapes import input_values, symbols
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +134,7 @@ class Arbiter:
         if dry_run and not self.policy.dry_runs:
             self.policy = get_policy("priority")
         self.calibrations = self._calibrations()
-        self._graphs: list[GraphRecord] = []
-        self._frames: dict[int, set[int]] = {}  # Dynamo frame id -> its compile indices
         self._dynamo_graphs: list[DynamoGraph] = []  # what Dynamo handed us, in order
-        self._lock = threading.Lock()
         # every live compiled-by-a-backend piece (set_timing); weak, so pieces replaced
         # when weights are re-frozen are freed with their sessions and weights
         self._pieces: weakref.WeakSet[Piece] = weakref.WeakSet()
@@ -153,16 +145,19 @@ class Arbiter:
         self._decomposed = sorted({op_name(k) for k in self._decompositions})
         # random: eager draws dropout masks apart from the data (decompose.split_dropout),
         # unless a pin or exclude names the dropout (the user's rule then sees it whole)
-        self._split_dropout = self.config.random == "eager" and not any(
+        split = self.config.random == "eager" and not any(
             names(op, "aten.native_dropout.default")
             for op in (*self.config.exclude_ops, *self.config.pin))
         # pins and excludes that name no op of the graphs compiled so far: warned once
         self._rule_watch = RuleWatch(config_rules(self.config.pin, self.config.exclude_ops),
                                      self._decomposed)
+        self.compiler = GraphCompiler(self.config, self.planner, self.policy, self._builder,
+                                      self.calibrations, self.cache, self._rule_watch,
+                                      dry_run=dry_run, split_dropout=split)
+        self._lock = self.compiler.lock
         # one thread budget and arena per process, applied at the first graph (before any
         # compile): `spin: auto` depends on whether that graph trains (apply_resources)
         self._resources_applied = dry_run
-        self._spin_follows = False
 
     def _calibrations(self) -> Calibrations:
         """This machine's calibration (policy `calibrated`), read or measured when first
@@ -187,7 +182,7 @@ class Arbiter:
         self._resources_applied = True
         # `spin: auto` follows each graph's plan (run/resources.spin_follows), unless the
         # process's first graph trains (then no backend spins)
-        self._spin_follows = self.config.resources.spin == "auto" and not training
+        self.compiler.spin_follows = self.config.resources.spin == "auto" and not training
         settings = apply_resources(self.config.resources,
                                    [b for n, b in self.backends.items()
                                     if n not in self.unavailable],
@@ -244,12 +239,9 @@ class Arbiter:
                 _ARBITERS.append(weakref.ref(self))
 
         def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
-            drop_legacy_empty(graph)  # a cache's first cat(empty(0), key) (run/legacy_cat.py)
-            if kind == "inference":  # position ids and masks made of no input (run/fold.py)
-                fold_constants(graph)
             # the backward graph compiles later, at the first backward: owner kept here
-            return self._compile_graph(graph, kind, constants, owner=owner,
-                                       started=None if kind == "backward" else called)
+            return self.compiler.compile(graph, kind, constants, owner=owner,
+                                         started=None if kind == "backward" else called)
 
         # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
         # threads running compiled graphs meanwhile (run/isolation.py)
@@ -265,8 +257,7 @@ class Arbiter:
     @property
     def graphs(self) -> list[GraphRecord]:
         """The records of every graph compiled so far, in order."""
-        with self._lock:
-            return list(self._graphs)
+        return self.compiler.graphs
 
     def compile_exported(self, gm: torch.fx.GraphModule,
                          constants: dict[torch.fx.Node, torch.Tensor],
@@ -280,7 +271,8 @@ class Arbiter:
         with _ARBITERS_LOCK:
             if not any(r() is self for r in _ARBITERS):
                 _ARBITERS.append(weakref.ref(self))
-        fn = self._compile_graph(gm, "inference", constants, owner=owner, guard=False)
+        fn = self.compiler.compile(gm, "inference", constants, owner=owner, guard=False,
+                                   exported=True)
         return fn, self.graphs[-1]
 
     def pieces_of(self, record: GraphRecord) -> dict[int, Piece]:
@@ -289,130 +281,6 @@ class Arbiter:
             by_record = {id(p.record): p for p in self._pieces}
             return {pid: by_record[id(r)] for pid, r in record.records.items()
                     if id(r) in by_record}
-
-    def _compile_graph(self, gm: torch.fx.GraphModule, kind: str,
-                       constants: dict[torch.fx.Node, torch.Tensor],
-                       owner: Owner = UNKNOWN, guard: bool = True,
-                       started: Optional[float] = None) -> Callable:
-        """``started``: when arbiter began on this graph (before AOTAutograd's trace), for
-        measure's compile bound; else now."""
-        start = time.perf_counter()
-        if self._split_dropout:  # eager's dropout masks, drawn apart from the data
-            split_dropout(gm)
-        syms = symbols(input_values(gm))
-        context = GraphContext(kind, symbolic=bool(syms), against_eager="off"
-                               if self.dry_run else self.config.against_eager)
-        calibrating = self.calibrations.measuring_s
-        choice = self.policy.decide(self.planner, gm, context)
-        self._follow_spin(choice.plan)
-        # the machine's calibration, measured on first need, is no graph's planning
-        plan_s = time.perf_counter() - start - (self.calibrations.measuring_s - calibrating)
-        with self._lock:
-            graph_id = len(self._graphs)
-        label = f"graph {graph_id} ({kind})"
-        # Pieces shared by every plan of this graph, by (chain, nodes): a partition that
-        # two candidates have in common compiles once.
-        pieces: dict = {}
-
-        def build(p: Plan) -> tuple[Callable, dict[int, PieceRecord]]:
-            return self._builder.build(p, constants, label, pieces)
-
-        stitched, records = build(choice.plan)
-        record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
-                             frozenset(constants), owner=owner,
-                             symbols=syms, frame=_own_frame(self._frames, _compile_id()))
-        with self._lock:
-            self._graphs.append(record)
-        self._rule_watch.check(gm, kind, label)
-        plan = choice.plan
-        log.info("%s: %d nodes in %d partitions (%s), planned in %.1f ms (policy %s); "
-                 "%d to compile", label,
-                 sum(p.size for p in plan.partitions), len(plan.partitions),
-                 ", ".join(sorted({p.backend for p in plan.partitions})), plan_s * 1e3,
-                 choice.outcome.policy,
-                 0 if self.dry_run else sum(p.backend not in self.planner.inline
-                                            for p in plan.partitions))
-        if record.frame and record.frame[1] >= 2 and not record.symbols:
-            log.warning("%s: Dynamo compiled this frame %d times (static shapes each time); "
-                        "past torch._dynamo.config.recompile_limit it runs the frame in "
-                        "eager without arbiter. torch.compile(dynamic=None or True) lets one "
-                        "symbolic graph serve every size", label, record.frame[1] + 1)
-        if record.symbols:
-            share = shape_eager_share(record, self.backends)
-            log.log(logging.WARNING if share > SHAPE_EAGER_WARN else logging.INFO,
-                    "%s: symbolic shapes %s; %.0f%% of its compute planned in eager because "
-                    "of them", label, ", ".join(f"{r.name} in [{r.min}, {r.max or 'inf'}]"
-                                                for r in record.symbols.values()), share * 100)
-        fn: Callable = stitched
-        if self.config.accuracy is not None:  # the report states the tolerance
-            choice.outcome.tolerance = (self.config.accuracy.rtol, self.config.accuracy.atol)
-        # what the policy has timed on the first call (measure/); a dry run times nothing
-        timed = None if self.dry_run else choice.timed
-        acc = self.config.accuracy
-        # config `accuracy`: the per-module search may find a placement even when every
-        # whole-graph variant plan equals the policy's (a variant of a backend that runs
-        # nothing of it in the policy's plan)
-        per_module = acc is not None and acc.per_module and bool(self.planner.variants) \
-            and context.lowered_ok
-        if timed is not None and (len(timed.candidates) > 1 or per_module):
-            def install(p: Plan, r: dict[int, PieceRecord]) -> None:
-                self._follow_spin(p)
-                self._install(record, p, r)
-                # the placements not chosen: their pieces (compiled sessions) go with them
-                keep = set(map(id, r.values()))
-                for key in [k for k, (_, piece) in pieces.items()
-                            if id(piece.record) not in keep]:
-                    del pieces[key]
-
-            def build_timed(c: Any) -> tuple[Callable, dict[int, PieceRecord]]:
-                # a timed candidate's pieces compile right after (measure/timing.py),
-                # with the spin for the backend holding most of it: each timed as it runs
-                self._follow_spin(c.plan)
-                return build(c.plan)
-
-            graph = GraphToMeasure(gm, record, label, build_timed, install,
-                                   before_s=time.perf_counter() - (started or start))
-            fn = MeasuredGraph(timed, graph, self.planner, self.config.measure, self.cache,
-                               accuracy=acc, per_module=per_module)
-        if constants and not self.dry_run and guard:
-            return self._guarded(fn, gm, constants, record, label)
-        return fn
-
-    def _follow_spin(self, plan: Plan) -> None:
-        """`spin: auto` (inference): the backend holding most of ``plan`` gets this
-        config's spin for the pieces compiled from now (run/resources.spin_follows)."""
-        if self._spin_follows and not self.dry_run:
-            spun = spin_follows(plan, {**self.backends, **self.planner.variants},
-                                self.planner.inline)
-            if spun:
-                log.info("resources: spin auto: %s's pools spin from now", spun)
-
-    def _guarded(self, fn: Callable, gm: torch.fx.GraphModule, constants: dict,
-                 record: GraphRecord, label: str) -> Callable:
-        """``fn`` behind a check that the frozen weights are still the model's (freeze.py)."""
-        where = placeholder_positions(gm)
-
-        def rebuild(consts: dict) -> Callable:
-            # the plan in force (policy measure installed its choice at the first call)
-            # built around other constants; pieces are new, so they compile again
-            new, records = self._builder.build(record.plan, consts, label, {})
-            self._install(record, record.plan, records)
-            with self._lock:
-                record.constant_nodes = frozenset(consts)
-                record.weights_as_inputs = not consts
-            return new
-
-        return FrozenGraph(fn, constants, {n: where[n] for n in constants}, rebuild,
-                           record.weight_events, label, self.config.refreeze_limit)
-
-    def _install(self, record: GraphRecord, plan: Plan, records: dict[int, PieceRecord]) -> None:
-        """Put ``plan`` and its pieces' records on the graph's record (a policy's choice
-        at the first call, or pieces rebuilt around re-frozen weights)."""
-        for part in plan.partitions:
-            records[part.id].partition_id = part.id
-        with self._lock:
-            record.plan = plan
-            record.records = records
 
     # -- reporting -------------------------------------------------------------------
     def set_timing(self, on: bool) -> None:
@@ -433,7 +301,8 @@ class Arbiter:
     def owners(self) -> list[Owner]:
         """The compiled models this Arbiter made graphs for, in order of their first graph."""
         with self._lock:
-            seen = [g.owner for g in self._dynamo_graphs] + [g.owner for g in self._graphs]
+            dynamo = [g.owner for g in self._dynamo_graphs]
+        seen = dynamo + [g.owner for g in self.graphs]
         return list(dict.fromkeys(seen))
 
     def report(self, model: Any = None, *, advice: bool = True) -> Report:
@@ -455,28 +324,3 @@ class Arbiter:
                         model=None if wanted is None else str(wanted), rules=self._rule_watch.rules,
                         decomposed=self._decomposed, dry_run=self.dry_run, advice=advice)
 
-
-def _own_frame(frames: dict, frame: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:
-    """``frame`` (Dynamo's frame id, its compile index) with the index counted among the
-    compiles of that frame in ``frames`` (one Arbiter's) alone: a frame Dynamo compiled
-    before for another backend or config (one model compiled with three configs, to
-    compare them) is no recompile of this Arbiter's."""
-    if frame is None:
-        return None
-    seen = frames.setdefault(frame[0], set())
-    index = sum(1 for i in seen if i < frame[1])
-    seen.add(frame[1])
-    return (frame[0], index)
-
-
-def _compile_id():
-    """(frame id, compile index of that frame) of the Dynamo compile under way, or None."""
-    try:
-        from torch._guards import CompileContext
-
-        cid = CompileContext.current_compile_id()
-    except Exception:  # noqa: BLE001 - not under Dynamo, or another torch
-        return None
-    if cid is None or getattr(cid, "frame_id", None) is None:
-        return None
-    return (int(cid.frame_id), int(cid.frame_compile_id or 0))

@@ -31,6 +31,7 @@ LAYERS = [
     ("arbiter.run",),
     ("arbiter.measure",),
     ("arbiter.report",),
+    ("arbiter.compile_graph",),
     ("arbiter.arbiter", "arbiter.dynamo", "arbiter.dryrun"),
     ("arbiter.deploy",),
     ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),

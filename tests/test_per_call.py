@@ -30,14 +30,14 @@ def _spied(config):
                   "policy": "priority"}
     be = arbiter.Arbiter(config)
     made = []
-    real = be._compile_graph
+    real = be.compiler.compile
 
     def spy(gm, kind, constants, **kw):
         fn = real(gm, kind, constants, **kw)
         made.append(fn)
         return fn
 
-    be._compile_graph = spy
+    be.compiler.compile = spy
     return be, made
 
 

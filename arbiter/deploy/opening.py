@@ -13,6 +13,7 @@ import torch
 
 from ..errors import ArbiterError
 from ..plan.partition import Partition, Plan
+from ..run import passes
 from ..run.split import Subgraph, extract
 from .archive import Archive
 from .format import SavedManifest
@@ -42,6 +43,7 @@ def open_program(archive: Archive, saved: SavedManifest,
     made = in_background(lambda: shared.prefetch(saved.shared_weights))
     ep = from_bytes(archive.read("program.json"), weights, f"{path}: program.json")
     graph = aten_graph(ep)
+    passes.apply(graph.gm, "inference", exported=True)  # as arbiter.export's graph got them
     parts = saved.plan.partitions
     by_name = _match_nodes(graph.gm, parts, path)
     partitions = []

@@ -113,8 +113,8 @@ def _lazy_graph_module(graph: torch.fx.Graph) -> torch.fx.GraphModule:
 
 
 def aten_graph(ep: Any) -> AtenGraph:
-    from ..run.lower import hoist_size_arithmetic
-
+    """The planner's copy of ``ep``'s graph; the graph passes are not applied here (the
+    compile path applies them, run/passes.py; a load applies the same, deploy/opening.py)."""
     graph = torch.fx.Graph()
     env: dict = {}
     out = graph.graph_copy(ep.graph, env)
@@ -145,5 +145,4 @@ def aten_graph(ep: Any) -> AtenGraph:
         else:
             raise ArbiterError(f"input {node.name}: an input of kind {kind}, which "
                                "arbiter.export does not take")
-    hoist_size_arithmetic(gm)
     return AtenGraph(gm, constants, weights, names, values)

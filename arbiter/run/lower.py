@@ -15,9 +15,9 @@ passed us, so backends such as ONNX Runtime can fold and prepack them. Training 
 keep weights as inputs, since the optimizer changes them between calls.
 
 With dynamic shapes the graph also computes sizes: Dynamo's SymInt inputs combined by
-``operator.mul`` and friends, right before their first use. They are moved to the top
-(``hoist_size_arithmetic``), so the partitioner sees them ready before any compute node
-and does not cut a backend's run in two around them.
+``operator.mul`` and friends, right before their first use. ``hoist_size_arithmetic``
+moves them to the top (the first of run/passes.py's passes), so the partitioner sees
+them ready before any compute node and does not cut a backend's run in two around them.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: compile_graph(graph, kind, constants) -> callable(*inputs); kind is "inference",
 #: "forward" or "backward".
-GraphCompiler = Callable[[torch.fx.GraphModule, str, dict], Callable]
+CompileOne = Callable[[torch.fx.GraphModule, str, dict], Callable]
 
 
 def decomposition_table(names: Sequence[str]) -> dict:
@@ -155,7 +155,7 @@ def _fsdp_weights() -> bool:
     return True
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: GraphCompiler,
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph: CompileOne,
           *, decompositions: dict, freeze_weights: bool) -> Callable:
     """Run AOTAutograd on a Dynamo graph; ``compile_graph`` gets each ATen graph."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
@@ -175,7 +175,6 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
         return compile_one
 
     def _compile_one(kind: str, fx_g: torch.fx.GraphModule):
-        hoist_size_arithmetic(fx_g)
         freeze = kind == "inference" and freeze_weights
         constants = frozen_inputs(fx_g, real_inputs, names) if freeze else {}
         return make_boxed_func(compile_graph(fx_g, kind, constants))
