@@ -29,12 +29,12 @@ from ._version import __version__  # noqa: F401 - public
 _NAMES = {
     "Arbiter": "arbiter", "Config": "config", "load_config": "config",
     "explain": "dryrun", "partition": "dryrun",
-    "last_arbiter": "dynamo", "last_report": "dynamo", "reports": "dynamo",
+    "last_arbiter": "sessions", "last_report": "sessions", "reports": "sessions",
     "ArbiterError": "errors", "ConfigError": "errors", "ManifestError": "errors",
     "UnknownBackendError": "errors", "UnknownOpError": "errors",
     "Policy": "plan.policy", "register_policy": "plan.policy",
     "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
-    "register_backend": "registry", "Report": "report", "report_for": "dynamo",
+    "register_backend": "registry", "Report": "report", "report_for": "sessions",
     "tune": "measure.tune",
     "export": "deploy", "load": "deploy", "Program": "deploy",
 }

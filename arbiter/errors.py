@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Iterable
@@ -66,6 +67,19 @@ def warn_at_user_line(message: str, category: type[Warning] = UserWarning) -> No
     warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
                            module=frame.f_globals.get("__name__"),
                            registry=frame.f_globals.setdefault("__warningregistry__", {}))
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(message: str, category: type[Warning] = UserWarning) -> None:
+    """A warning at the user's line, once per message per process."""
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warn_at_user_line(message, category)
 
 
 class ArbiterError(Exception):

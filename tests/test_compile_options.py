@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import arbiter
-from arbiter.dynamo import backend_of, resolve
+from arbiter.compile_options import resolve
+from arbiter.sessions import backend_of
 
 
 def f(x):

@@ -112,7 +112,7 @@ def test_bad_config_in_options_is_reported(fresh_dynamo):
 
 def test_same_config_shares_one_arbiter(fresh_dynamo):
     import arbiter
-    from arbiter.dynamo import last_arbiter
+    from arbiter.sessions import last_arbiter
 
     cfg = {"backends": ["eager"], "min_block_size": 2}
 

@@ -52,7 +52,7 @@ def test_two_models_two_reports(fresh_dynamo):
         b(x)
     ra, rb = arbiter.report_for(a), arbiter.report_for(b)
     # the same settings share one Arbiter, yet each model has its own report
-    assert arbiter.dynamo.backend_of(a) is arbiter.dynamo.backend_of(b)
+    assert arbiter.sessions.backend_of(a) is arbiter.sessions.backend_of(b)
     assert ra.model == "Lin" and [g.model for g in ra.graphs] == ["Lin"]
     assert rb.model == "Broken" and [g.model for g in rb.graphs] == ["Broken", "Broken"]
     assert "aten.relu.default" in _ops(ra) and "aten.sigmoid.default" not in _ops(ra)
@@ -66,7 +66,7 @@ def test_two_models_two_reports(fresh_dynamo):
     models = [r.model for r in arbiter.reports()]
     assert models[-2:] == ["Lin", "Broken"]
     # the Arbiter's own report is the process-wide view of its config, graphs labelled
-    both = arbiter.dynamo.backend_of(a).report()
+    both = arbiter.sessions.backend_of(a).report()
     assert {g.model for g in both.graphs} >= {"Lin", "Broken"}
 
 
@@ -93,7 +93,7 @@ def test_functions_and_arbiter_instances(fresh_dynamo):
         m = torch.compile(Lin(), backend=be)
         torch.testing.assert_close(f(x), fn(x))
         m(x)
-    assert arbiter.dynamo.backend_of(f) is be
+    assert arbiter.sessions.backend_of(f) is be
     rf = arbiter.report_for(f)
     assert rf.model.endswith("fn") and _ops(rf) >= {"aten.tanh.default"}
     assert "aten.relu.default" not in _ops(rf)
@@ -135,13 +135,13 @@ def test_explain_leaves_other_compiled_models_alone(fresh_dynamo):
         a = torch.compile(Lin(), backend="arbiter", options=EAGER)
         c = torch.compile(Lin(4), backend=counting)
         a(x), c(x)
-        be = arbiter.dynamo.backend_of(a)
+        be = arbiter.sessions.backend_of(a)
         plan = arbiter.explain(Lin(), x)          # the same class, another config
         plan_b = arbiter.explain(Broken(), x)
         a(x), c(x)
         torch.testing.assert_close(a(x), a._orig_mod(x))
     assert len(compiles) == 1, "a model compiled before recompiled after explain"
-    assert arbiter.dynamo.backend_of(a) is be
+    assert arbiter.sessions.backend_of(a) is be
     assert len(arbiter.report_for(a).graphs) == 1
     assert plan.dry_run and plan.graph_breaks.breaks == 0
     assert plan_b.graph_breaks.breaks == 1 and len(plan_b.graphs) == 2
