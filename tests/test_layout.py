@@ -161,3 +161,33 @@ def test_import_arbiter_loads_no_backend_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "", f"`import arbiter` imported {out.stdout.strip()}"
+
+
+#: the house's limits: no class past 300 lines (two ideas), the session and the entry
+#: point small, a ground floor of at most 14 modules, the loader a reader of few rooms
+MAX_CLASS = 300
+MAX_LINES = {"arbiter.arbiter": 400, "arbiter.dynamo": 200}
+MAX_TOP_LEVEL = 14
+MAX_IMPORTS = {"arbiter.deploy.loading": 10}
+
+
+def test_the_house_keeps_its_limits():
+    mods = _modules()
+    wrong = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= MAX_CLASS:
+                wrong.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    for name, limit in MAX_LINES.items():
+        n = len(mods[name].read_text().splitlines())
+        if n >= limit:
+            wrong.append(f"{name}: {n} lines (under {limit})")
+    top = sorted(p.name for p in (ROOT / "arbiter").glob("*.py"))
+    if len(top) > MAX_TOP_LEVEL:
+        wrong.append(f"arbiter/ has {len(top)} modules at its top level: {', '.join(top)}")
+    graph = _graph()
+    for name, limit in MAX_IMPORTS.items():
+        if len(graph[name]) > limit:
+            wrong.append(f"{name} imports {len(graph[name])} arbiter modules: "
+                         f"{', '.join(sorted(graph[name]))}")
+    assert not wrong, "\n".join(wrong)

@@ -21,50 +21,25 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
-import torch._prims_common
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..cache import served
 from ..config import VerifyOptions
 from ..errors import describe
-from ..ops import is_random, output_values
-from .chain import Entry
+from ..ops import is_random
 from .call_checks import IndexGuard, all_finite, restore, snapshot
+from .chain import Entry
 from .checking import PieceChecks
 from .compiling import compile_for, compile_lock, evict
 from .dynamic import Checked
 from .first_use import FirstUse
+from .layouts import OutputLayouts
 from .record import Fallback, PieceRecord
 from .verify import check_meta, output_specs
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Piece", "PieceRecord", "Fallback"]
-
-
-def _traced_layouts(gm: torch.fx.GraphModule) -> list[tuple[int, tuple, tuple, bool]]:
-    """(index, size, stride, not contiguous) of every output whose traced layout a copy
-    can restore: static sizes and strides, more than one element, not expanded."""
-    found = []
-    for k, val in enumerate(output_values(gm) or ()):
-        if not isinstance(val, torch.Tensor):
-            continue
-        if not all(isinstance(s, int) for s in (*val.shape, *val.stride())):
-            continue  # symbolic: nothing static to enforce (and int() would add a guard)
-        size, stride = tuple(val.shape), tuple(val.stride())
-        contiguous = tuple(torch._prims_common.make_contiguous_strides_for(size))
-        if any(st == 0 and n > 1 for n, st in zip(size, stride)):
-            # An expanded (overlapping) layout cannot be written by a copy; the backend's
-            # dense result holds the same values and any view of it is valid.
-            continue
-        if val.numel() > 1:
-            found.append((k, size, stride, _strides_matter(size, stride, contiguous)))
-    return found
-
-
-def _strides_matter(size, stride, contiguous) -> bool:
-    # Dimensions of size 1 may carry any stride without changing the layout.
-    return any(a != b for n, a, b in zip(size, stride, contiguous) if n > 1)
 
 
 class Piece:
@@ -103,14 +78,8 @@ class Piece:
         self.__qualname__ = self.__name__
         self.__module__ = __name__
         self._label = graph_label
-        # outputs whose layout a later view may need: every call restrides those traced
-        # non-contiguous; the others are compared on the first calls of each backend and
-        # join ``_restride`` for it if it returns another layout (``_learn_layouts``)
-        layouts = _traced_layouts(gm)
-        self._layouts = [(k, size, stride) for k, size, stride, _ in layouts]
-        self._restride_traced = [(k, size, stride) for k, size, stride, odd in layouts
-                                 if odd]
-        self._restride = list(self._restride_traced)
+        # outputs whose layout a later view may need (run/layouts.py)
+        self._layouts = OutputLayouts(gm)
         self._specs = output_specs(gm)
         # verify and first-use checks: which calls, judged how (run/checking.py)
         self._checks = PieceChecks(record, gm, graph_label, verify, lowered_verify, first_use,
@@ -225,9 +194,9 @@ class Piece:
                     self._demote_from(level, "verify", why, args)
                     return expected
             elif self._fast is None and self._checks.mode == "off" and \
-                    not self._restride and self._device_checks <= 0:
+                    not self._layouts.restride and self._device_checks <= 0:
                 self._go_fast(level, fn)
-            return self._restrided(out)
+            return self._layouts.restrided(out, self.record)
 
     def _failed_run(self, level: int, exc: Exception, args: Sequence[Any]) -> Any:
         """The backend at ``level`` raised ``exc`` on ``args``: unless eager fails too
@@ -272,44 +241,20 @@ class Piece:
                 self._fast = (level, fn, level in self._guarded)
 
     def _learn_layouts(self, level: int, name: str, out: Sequence[Any]) -> None:
-        """Add to ``_restride`` (for the backend at ``level``) the outputs it returned in
-        another layout than the traced one. The nodes after this partition were traced
-        against eager's layout, and a ``view`` among them fails on another (an eager
-        fallback raised "view size is not compatible" on GPT-2 training: it received a
-        key cache traced contiguous in the transposed order of Inductor's decomposition
-        of a one-tensor ``cat``; docs/robustness.md). A compiled artifact's output
-        layouts are fixed by its input layouts, themselves the traced ones, so the first
-        calls decide; the steady state checks only the outputs found here."""
-        seen = {k for k, _, _ in self._restride}
-        found = [(k, size, stride) for k, size, stride in self._layouts if k not in seen
-                 and isinstance(out[k], torch.Tensor)
-                 and _strides_matter(size, out[k].stride(), stride)]
+        """The outputs the backend at ``level`` returned in another layout than the
+        traced one are copied into it from now on (run/layouts.py)."""
+        found = self._layouts.differing(out)
         if not found:
             return
         with self._lock:
             if self._current[0] != level:
                 return
-            self._restride = sorted(self._restride + found)
+            self._layouts.add(found)
         for k, size, stride in found:
             log.info("%s partition %d: %s returns output %d (shape %s) with strides %s, "
                      "traced %s: copied into the traced layout on every call",
                      self._label, self.record.partition_id, name, k, list(size),
                      tuple(out[k].stride()), stride)
-
-    def _restrided(self, out: Any) -> Any:
-        if not self._restride:
-            return out
-        out = list(out)
-        for k, size, stride in self._restride:
-            t = out[k]
-            if _strides_matter(size, t.stride(), stride):
-                # Downstream views were traced against eager's strides (a transposed
-                # layout, say); a backend that returns another layout gets one copy.
-                fixed = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-                fixed.copy_(t)
-                out[k] = fixed
-                self.record.restride_copies += 1
-        return out
 
     # -- compile and demote --------------------------------------------------------
     def _advance(self, args: Sequence[Any], failure: Optional[tuple[str, str]]) -> None:
@@ -357,7 +302,7 @@ class Piece:
                 evict(loaded, f"{backend.name} failed to compile with it ({describe(exc)})")
         self._checks.start(level, backend, got)
         self._fast = None
-        self._restride = list(self._restride_traced)  # the new backend's are learned
+        self._layouts.reset()  # the new backend's are learned
         self._device_checks = 2
         guard = [] if backend.inline_aten else backend.nonfinite_guard(self.gm)
         if guard:
