@@ -53,7 +53,7 @@ def rows(names=None) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def table(found: list[tuple[str, str, str, str, str]], width: int) -> list[str]:
+def table_lines(found: list[tuple[str, str, str, str, str]], width: int) -> list[str]:
     """The rows as lines: no trailing spaces, reasons wrapped below their row."""
     head = ("backend", "status", "manifest", "version")
     cols = [max(len(r[k]) for r in [head, *found]) for k in range(4)]
@@ -99,7 +99,7 @@ def calibration_lines() -> list[str]:
 
 def run(args) -> int:
     width = args.width or (shutil.get_terminal_size().columns if sys.stdout.isatty() else 80)
-    print("\n".join(table(rows(), width)))
+    print("\n".join(table_lines(rows(), width)))
     print()
     print("\n".join(calibration_lines()))
     return 0

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..report import Report
-from ..report.build import kind_reports
+from ..report.from_record import kind_reports
 from ..report.model import DeployedReport, FallbackReport
 
 

@@ -10,7 +10,7 @@
    backend keyed by the machine (CPU model, cores), torch's thread count, torch's version
    and the backend's name, version and options (``Backend.cache_parts``): another
    machine, thread count or backend version is calibrated anew;
-3. measuring what is missing (``calibrate.Calibrator``), within
+3. measuring what is missing (``calibration_cells.Calibrator``), within
    ``calibration.time_budget_s``, with a progress line on stderr; a dry run never
    measures. Untried cells are measured the next time a calibration is needed.
 
@@ -35,7 +35,7 @@ from ..errors import ArbiterError
 from ..loadavg import load_average, load_per_core
 from ..ops import real_tensors
 from ..plan.predict import BackendCalibration
-from .calibrate import CELLS, Calibrator, Measured
+from .calibration_cells import CELLS, Calibrator, Measured
 
 log = logging.getLogger(__name__)
 

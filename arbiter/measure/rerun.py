@@ -3,11 +3,11 @@
 A graph AOTAutograd lowered with ``keep_inference_input_mutations`` ends in ``copy_``
 nodes into the inputs it changes: a KV cache (``StaticCache``'s ``index_copy_``), a
 position counter, BatchNorm's running statistics. Its first call is the one that times
-candidates, checks precision and mixes placements, running the graph many times. Each
-of those runs must start from the inputs as the user handed them, or a cache position
-advances past the cache's end (an ``IndexError`` eager never raises, or an Inductor
-kernel's bounds check that aborts the process), and the user's own tensors are written
-exactly once, by the call that returns (as eager does).
+candidates, judges lower-precision ones against config `accuracy` and mixes placements,
+running the graph many times. Each of those runs must start from the inputs as the user
+handed them, or a cache position advances past the cache's end (an ``IndexError`` eager
+never raises, or an Inductor kernel's bounds check that aborts the process), and the
+user's own tensors are written exactly once, by the call that returns (as eager does).
 
 ``Rerun`` finds the inputs a graph writes (``written_inputs``), gives measuring private
 copies of those (``begin``) and wraps each candidate it builds so that every run starts

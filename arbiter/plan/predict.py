@@ -1,6 +1,6 @@
 """A plan's time predicted from this machine's calibration (policy `calibrated`).
 
-The calibration (arbiter/measure/calibrate.py measures it, arbiter/measure/calibration.py
+The calibration (arbiter/measure/calibration_cells.py measures it, arbiter/measure/calibration.py
 keeps it) holds, per backend, its fixed cost per call (``call_us``: a tiny compiled
 graph), its cost per node (``node_us``: eager's dispatch; 0 for a compiled backend, whose
 per-node cost is in its call) and, per op class, the time of graphs of that class at a

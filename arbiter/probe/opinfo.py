@@ -106,7 +106,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     graphs, forward and backward (OpInfos without a backward, and dtypes without one,
     are left out)."""
     from .dynamic import dynamic_samples
-    from .samples import samples_for
+    from .overload_samples import samples_for
     from .training import probe_training
 
     if build_only and dynamic:
@@ -122,7 +122,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     infos = opinfos(ops)
     if grad:
         infos = [o for o in infos if o.supports_autograd]
-    if dynamic:  # overloads no OpInfo traces to (arbiter/probe/samples.py)
+    if dynamic:  # overloads no OpInfo traces to (arbiter/probe/overload_samples.py)
         infos += samples_for(ops)
     one = dynamic_samples if dynamic else probe_training if grad else _one
     result.opinfos_total = len(infos)

@@ -1,5 +1,5 @@
 """The capability report: a pydantic model (``model``), filled from a graph's record
-(``build``) with computed advice (``advice``), rendered as rich text (``text``), a
+(``from_record``) with computed advice (``advice``), rendered as rich text (``text``), a
 self-contained HTML page (``html``) and JSON with a published schema (``schema``)."""
 from .model import (AdviceReport, BackendStatus, FallbackReport, GraphBreakReport, GraphReport,
                     NodeReport, OpReport, PartitionReport, RefusalReport, Report, RuleReport,

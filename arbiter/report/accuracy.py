@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .precision_model import (AccuracyReport, Measures, ModulePrecision,
+from .accuracy_model import (AccuracyReport, Measures, ModulePrecision,
                               PrecisionSearchReport)
 
 
