@@ -1,10 +1,10 @@
-"""The whole report of one Arbiter (``Arbiter.report``): what ``from_record`` makes of each
-graph's record, with what is about the Arbiter as a whole around it: the backends'
-statuses and versions, Dynamo's graph breaks, the advice over every graph, the pins and
-excludes that applied nowhere, the graphs by kind, the distributed broadcasts and the
-resources in force.
+"""The whole report of one Arbiter (``Arbiter.report``), around its graphs' reports.
 
-Everything here reads records; nothing compiles or runs.
+What ``from_record`` makes of each graph's record, with what is about the Arbiter as a
+whole around it: the backends' statuses and versions, Dynamo's graph breaks, the advice
+over every graph, the pins and excludes that applied nowhere, the graphs by kind, the
+distributed broadcasts and the resources in force. Everything here reads records;
+nothing compiles or runs.
 """
 from __future__ import annotations
 
