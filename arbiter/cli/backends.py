@@ -1,6 +1,6 @@
-"""`arbiter backends`: every registered backend, whether it can run here, its manifest's
-size (and how its entries are known), its version.
+"""`arbiter backends`: every registered backend, and whether it can run here.
 
+Per backend also its manifest's size (and how its entries are known) and its version.
 One row per backend, columns as wide as their longest cell; why a backend cannot run is
 the line below its row, wrapped to the terminal's width (80 columns off a terminal). An
 install command is shown only when a package it needs is missing here.
