@@ -4,19 +4,14 @@
     compiled = torch.compile(model, backend="arbiter")        # embedded default config
     compiled(x)
     print(arbiter.report_for(compiled))                       # what ran where, this model
-    compiled = torch.compile(model, backend="arbiter", mode="max-autotune",
-                             options={"config": "my.yaml", "min_block_size": 2})
     print(arbiter.explain(model, x, config="my.yaml"))        # the plan, without compiling
     program = arbiter.export(model, (x,)); program.save("m.arbiter")   # docs/deploy.md
     program = arbiter.load("m.arbiter"); program(x)            # no Dynamo
 
-``report_for(compiled)``: one compiled model; ``reports()``: every model compiled in this
-process; ``last_report()``: the model compiled last with ``backend="arbiter"``. Heavy
-packages (onnxruntime, openvino, triton...) are imported by their backend, on use.
-
-The names below are loaded on first use (PEP 562), so ``import arbiter`` (and the
-``arbiter`` command's ``--help``) does not import torch. No function shadows a submodule:
-``arbiter.report`` is the report subpackage, ``arbiter.report_for`` the function.
+The names below load on first use (PEP 562), so ``import arbiter`` (and the ``arbiter``
+command's ``--help``) imports neither torch nor any backend's package. No function
+shadows a submodule: ``arbiter.report`` is the subpackage, ``arbiter.report_for`` the
+function (``reports()``: every model compiled here; ``last_report()``: the last one).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""One ATen graph compiled, for an ``Arbiter``: its passes (run/passes.py), the policy's
-plan (plan/policy.py), its pieces built (run/build.py), timed on the first call when the
-policy measures (measure/graph.py), behind a frozen-weight guard (run/freeze.py), and its
-``GraphRecord`` kept for the report."""
+"""One ATen graph compiled for an ``Arbiter``, and its record kept.
+
+Its passes (run/passes.py), the policy's plan (plan/policy.py), its pieces built
+(run/build.py), timed on the first call when the policy measures (measure/graph.py),
+behind a frozen-weight guard (run/freeze.py), and its ``GraphRecord`` for the report."""
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,7 @@ from .plan.partition import Plan
 from .plan.planner import Planner
 from .plan.policy import GraphContext, Policy
 from .plan.rules import RuleWatch
-from .report.build import SHAPE_EAGER_WARN, shape_eager_share
+from .report.from_record import SHAPE_EAGER_WARN, shape_eager_share
 from .run import passes
 from .run.build import Builder
 from .run.freeze import FrozenGraph, placeholder_positions

@@ -1,5 +1,6 @@
-"""What ``torch.compile(backend="arbiter", options=..., mode=...)`` asks for, read into a
-validated config (``resolve``).
+"""What ``torch.compile(backend="arbiter", options=..., mode=...)`` asks for, as a config.
+
+``resolve`` reads them into a validated config:
 
 * ``options``: ``config`` (a path, a shipped config's name, a dict or an
   ``arbiter.Config``; the embedded default when absent), and any top-level config key,

@@ -1,43 +1,13 @@
 """Capability manifests: what a backend says it can run, as data.
 
-One YAML file per backend (``capabilities/<backend>.yaml``)::
-
-    backend: onnxruntime
-    format: 1
-    source: how the file was made (generator command, versions)
-    defaults:                 # apply to every op entry that does not say otherwise
-      dtypes: [float32, float16, int64, bool]
-      devices: [cpu]
-      dynamic: false          # may its ops take symbolic shapes? (`arbiter probe --dynamic`)
-      verified: declared      # `declared`, or the probe that confirmed the entry
-    ops:
-      aten.mm.default:        # written by `arbiter probe --write`:
-        dtypes: [float32, float64, int64]   # what may run: declared minus tried-and-failed
-        verified: probed
-        probed_dtypes: [float32]            # the dtypes that passed the probe
-        training_dtypes: [float32]          # ... in a training graph (`probe --grad`)
-      aten.addmm.default: {}  # one overload
-      aten.gelu: {}           # every overload of aten.gelu
-      aten.convolution.default: {max_rank: 5, note: "2-D and 3-D only"}
-      aten.nll_loss_forward.default:       # written by `arbiter probe`: a float32 node
-        wrong_outputs: {1: {float32: "max abs error 7"}}   # that uses output 1 is refused
-      "*": {}                 # wildcard: any op (the eager backend)
-    patterns:                 # subgraphs claimed whole, matched on the lowered graph
-      rms_norm: {dtypes: [float32, float16]}   # a pattern of arbiter/plan/pattern_library.py
-      mine: {function: "my_pkg.patterns:fused", inputs: [[4, 8], [8]]}  # any Python function
-    decompositions: []        # ops this backend runs decomposed (PyTorch's table): only
-                              # the nodes it takes are decomposed (arbiter/decompose/)
-
-Lookup order for a node's op: the exact overload, then the op without overload, then
-``"*"``. What data cannot say, a backend says in code with a validator (see
-``arbiter.registry.Backend.validators``; for patterns ``Backend.check_pattern``).
-``verified:`` says how an entry is known: ``declared`` (by the backend's own software),
-``built`` (``arbiter probe --build-only``: converted and built, not run; ``built_dtypes``)
-or ``probed`` (run and compared with eager; ``probed_dtypes``). ``training_dtypes`` (written
-by ``arbiter probe --grad``; absent in manifests from before it) is the part of
-``probed_dtypes`` that passed in a training graph: AOTAutograd's forward with every
-output it returns compared, those saved for the backward included, or its backward. It
-is a record of where an op was probed, not a condition: what may run is ``dtypes``.
+One YAML file per backend (``capabilities/<backend>.yaml``): ``defaults`` for every entry,
+``ops`` (an entry per ``aten.op.overload``, ``aten.op`` or ``"*"``, looked up in that
+order: dtypes, devices, ranks, ``dynamic``, how it is known: ``verified: declared |
+built | probed`` and the dtypes each probe passed), ``patterns`` a backend claims whole,
+the ``decompositions`` it wants, and ``probe``, the probe's record. What data cannot say
+a backend says in code (``Backend.validators``, ``Backend.check_pattern``). Loading is
+validated (pydantic, errors naming file, key and line: ``ManifestError``).
+docs/writing-a-backend.md ("The manifest") shows the format.
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The process-wide view of arbiter's torch.compile sessions: the shared ``Arbiter`` per
-(config, options, mode), the one used last, and the report of each compiled model.
+"""The process-wide view of arbiter's torch.compile sessions and their reports.
+
+The shared ``Arbiter`` per (config, options, mode), the one used last, and the report of
+each compiled model.
 
 Compiles with equal settings share one ``Arbiter``, and each compiled model still gets
 its own report: ``report_for(compiled)``. ``reports()`` is the process-wide view (one

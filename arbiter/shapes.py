@@ -1,24 +1,15 @@
 """Symbolic shapes, as facts read off a graph's FakeTensor metadata.
 
-A graph Dynamo traced with dynamic shapes carries ``torch.SymInt`` sizes in its values'
-metadata; the ``ShapeEnv`` behind them knows each symbol's range (``var_to_range``,
-narrowed by ``torch._dynamo.mark_dynamic(t, d, min=, max=)``), the guards Dynamo checks
-before every call, and which symbols were found equal (``replacements``: always read an
-expression through ``ShapeEnv.simplify``). This module answers, for a graph's inputs and
-outputs:
-
-* which symbols appear, their ranges and where the user's inputs carry them (``symbols``);
-* where each symbol can be read from a call's real arguments (a bare dimension of a
-  tensor input, or an int input) and, from that, generated Python functions computing
-  output shapes or checking conditions per call (``Reader``): a few microseconds, no
-  sympy at run time;
-* ``torch.export`` dynamic shapes built from the symbols and their ranges
-  (``export_dynamic_shapes``);
-* another assignment of the symbols that satisfies the ranges and guards, and inputs at
-  that assignment made from a call's real inputs (``second_assignment``, ``inputs_at``):
-  what a dynamic artifact is checked on before it is trusted.
-
-Base layer: torch and sympy only; backends and the runtime both use it.
+A graph Dynamo traced with dynamic shapes carries ``torch.SymInt`` sizes whose
+``ShapeEnv`` knows each symbol's range, the guards Dynamo checks and the symbols found
+equal (always read an expression through ``ShapeEnv.simplify``). For a graph's inputs
+and outputs this module answers: which symbols appear, their ranges and where the user's
+inputs carry them (``symbols``); generated Python functions that read them off a call's
+real arguments to compute output shapes or check conditions (``Reader``: microseconds,
+no sympy at run time); ``torch.export`` dynamic shapes (``export_dynamic_shapes``);
+another assignment satisfying ranges and guards, and inputs at it
+(``second_assignment``, ``inputs_at``: what a dynamic artifact is checked on before it
+is trusted). Base layer: torch and sympy only. docs/design.md ("Dynamic shapes").
 """
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
-"""Validators for values at the edge of what a runtime defines, where eager ATen defines
-them (issue 25, docs/robustness.md "Edge values"): shared by the backends whose
-runtimes were measured to differ there.
+"""Validators for values at the edge of what a runtime defines, where eager ATen defines them.
 
-* ``empty_reduction(...)``: a mean (or variance) over no element is NaN in eager; ONNX's
-  ReduceMean leaves it undefined, and ONNX Runtime and OpenVINO return 0;
-* ``integer_pow(...)``: an integer power wraps around in eager (two's complement); ONNX
-  Runtime computes it through float64 (it saturates past the dtype's range and rounds
-  past 2**53) and OpenVINO's CPU plugin in 32 bits;
-* ``integer_reduction(...)``: an integer sum or product is exact in eager (it wraps
-  around past the dtype's range); ONNX Runtime reduces integers through float64.
-
-A node is judged from its metadata (shapes and dtypes traced in ``meta["val"]``), so
-only the nodes that can meet the edge are refused: a mean over a non-empty extent stays.
+Shared by the backends whose runtimes were measured to differ there (docs/robustness.md,
+"Edge values"). ``empty_reduction``: a mean (or variance) over no element is NaN in
+eager; ONNX's ReduceMean leaves it undefined, and ONNX Runtime and OpenVINO return 0.
+``integer_pow``: an integer power wraps around in eager (two's complement); ONNX Runtime
+computes it through float64 (it saturates past the dtype's range and rounds past 2**53)
+and OpenVINO's CPU plugin in 32 bits. ``integer_reduction``: an integer sum or product
+is exact in eager (it wraps around past the dtype's range); ONNX Runtime reduces integers
+through float64. A node is judged from its metadata (shapes and dtypes traced in
+``meta["val"]``), so only the nodes that can meet the edge are refused: a mean over a
+non-empty extent stays.
 """
 from __future__ import annotations
 

@@ -1,25 +1,16 @@
 """What the backends that take an exported program share (ONNX Runtime, OpenVINO).
 
-* ``quiet()``: the exporters' progress lines, warnings and log records kept out of the
-  user's way;
-* ``export_program(gm, args)``: an ATen partition -> ``torch.export.ExportedProgram``,
-  non-strict, with the partition's real inputs (their strides: a ``view`` may rely on
-  them). Strict export was dropped: it runs Dynamo inside the user's compiled call, which
-  invalidated the caller's Dynamo cache and recompiled the model on every call (GPT-2);
-* ``Runner``: the base of a compiled partition's callable that binds torch tensors'
-  memory into a runtime: the output specs (static shapes, supported dtypes, checked
-  once), one runtime handle per thread (sessions' bindings and infer requests are not
-  thread-safe), and the count of boundary copies kept in the piece's record.
-
-Symbolic partitions (``arbiter.run.dynamic``): ``export_program(..., dynamic=True)``
-exports with ``dynamic_shapes`` built from the graph's symbols and their ranges
-(``arbiter.shapes.export_dynamic_shapes``: one named ``Dim`` per symbol, ``Dim.AUTO`` for
-size expressions and int inputs), guards the graph implies kept as runtime asserts
-rather than failing the export; if export still refuses the named Dims, every dimension
-becomes ``Dim.AUTO`` (export may then specialize one silently: the artifact is checked at
-a second shape before it is trusted). Int inputs (symbols no tensor input carries) are
-fed as int64 scalars; output shapes are computed per call from the input sizes
-(``arbiter.shapes.Reader``), so outputs are still allocated by torch.
+``quiet()`` keeps the exporters' progress lines, warnings and log records out of the
+user's way. ``export_program(gm, args)`` makes an ATen partition a
+``torch.export.ExportedProgram``, non-strict, with the partition's real inputs (a
+``view`` may rely on their strides; strict export ran Dynamo inside the user's compiled
+call and recompiled the model on every call); with ``dynamic=True``, with
+``dynamic_shapes`` from the graph's symbols and ranges (``Dim.AUTO`` for expressions
+and int inputs, all ``Dim.AUTO`` if export refuses the named Dims; docs/design.md,
+"Dynamic shapes"). ``Runner`` is the base of a compiled partition's callable that binds
+torch tensors' memory into a runtime: output specs checked once, one runtime handle per
+thread, output shapes per call from the input sizes (``arbiter.shapes.Reader``), and the
+count of boundary copies kept in the piece's record.
 """
 from __future__ import annotations
 

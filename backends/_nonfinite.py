@@ -1,24 +1,16 @@
-"""The ``exact_nonfinite`` option, shared by backends whose probe found ops that compute
-unlike eager when an input holds NaN or inf (docs/robustness.md, "Non-finite values").
+"""The ``exact_nonfinite`` option, for backends whose ops compute unlike eager on NaN or inf.
 
-A backend mixes in ``ExactNonfinite`` and sets ``own_validators`` (always applied) and
-``nonfinite_checks`` (``arbiter.ops.nonfinite_validators``). Per the option: ``true``
-refuses those ops on floating inputs (they join ``validators``); ``"guard"`` takes them,
-and ``nonfinite_guard`` names them so that the partition checks its inputs on every call
-(arbiter/run/piece.py); ``false`` takes them unchecked.
-
-NaN made inside a partition (issue 25). The input check misses a NaN or inf that the
-partition makes itself out of finite inputs: ``relu(0 / 0)`` was 0 on OpenVINO, eager
-NaN. Under ``guard``, a backend compiles through ``with_taps``: when a guarded op reads a
-value that an op of ``SOURCES`` (division, log, sqrt, pow, exp...) computed inside the
-partition, directly or through other ops, the compiled partition also returns those
-ops' outputs (the "taps"), and a call where one holds NaN or inf runs in eager ATen, as
-a call with a non-finite input does (counted in the same ``nonfinite_calls``). Plans
-do not change and partitions without such a pair pay nothing; one with taps pays one sum
-per tap and call, and the taps' memory (often small: a norm's ``rsqrt`` is one value a
-row). Not caught: NaN or inf made by an overflow of ordinary arithmetic (a sum or product
-of finite values past the dtype's range: the documented limit of the whole guard) or by
-a constant (a ``-inf`` fill), and NaN in frozen weights.
+A backend whose probe found such ops mixes in ``ExactNonfinite`` and sets
+``own_validators`` (always applied) and ``nonfinite_checks``
+(``arbiter.ops.nonfinite_validators``). Per the option: ``true`` refuses those ops on
+floating inputs (they join ``validators``); ``"guard"`` takes them, and
+``nonfinite_guard`` names them so that the partition checks its inputs on every call
+(arbiter/run/piece.py); ``false`` takes them unchecked. Under ``guard`` a backend
+compiles through ``with_taps``: where a guarded op reads a value an op of ``SOURCES``
+(division, log, sqrt, pow, exp...) computed inside the partition, the partition also
+returns those values (the "taps"), and a call where one holds NaN or inf runs in eager
+ATen. Not caught: an overflow of ordinary arithmetic, a constant ``-inf`` fill, NaN in
+frozen weights. docs/robustness.md ("Non-finite values").
 """
 from __future__ import annotations
 

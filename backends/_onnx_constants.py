@@ -1,26 +1,16 @@
 """ONNX models that refer to their partition's constants rather than hold a copy.
 
-A frozen partition's weights are constants of its graph (``get_attr`` nodes:
-arbiter/run/freeze.py), and the ONNX export copies each into an initializer. ONNX
-Runtime's model was therefore the weights again: BERT-base's 436 MB were serialized,
-hashed and written into the persistent cache at the first compile, then read and checked
-again in every later process (2.5 s of a warm start's 7.7), and the bytes were held for
-the process's life besides the session's own copy.
-
-* ``refer_constants(model, gm)`` (at export, on onnx_ir's model): every initializer of at
-  least ``MIN_BYTES`` that is one of ``gm``'s constants (the same memory, or the same
-  bytes) or a constant's transpose (onnxscript's optimizer folds a ``Linear``'s ``t``
-  into its weight) becomes an external-data reference (location ``LOCATION``: no such
-  file), and the model's metadata (``META_KEY``) records which: initializer -> the
-  constant's position among ``gm``'s ``get_attr`` nodes, ``"t:"`` before a transpose.
-  Positions, not names: the persistent cache's key holds the graph with each constant's
-  bytes at its position (arbiter/cache.py), so a model found under that key refers to
-  the same bytes in any process.
-* ``resolve(model_bytes, gm)``: those constants again, {initializer: tensor}, for
-  ``SessionOptions.add_external_initializers`` (ONNX Runtime copies them in while it
-  builds the session, before its graph optimizations: the session is the one the whole
-  model gives; the caller keeps them alive with the session all the same) and for
-  ``inline_constants``, the whole model (a precision lowering, a saved program).
+A frozen partition's weights are constants of its graph (``get_attr`` nodes), and the
+ONNX export copies each into an initializer: ONNX Runtime's model was the weights again,
+hashed and written into the persistent cache, read and checked in every later process.
+``refer_constants(model, gm)`` (at export) makes every initializer of at least
+``MIN_BYTES`` that is one of ``gm``'s constants, or a constant's transpose, an
+external-data reference (location ``LOCATION``: no such file), recorded in the model's
+metadata (``META_KEY``) by the constant's position among ``gm``'s ``get_attr`` nodes
+(``"t:"`` before a transpose): positions, because the cache key holds each constant's
+bytes at its position. ``resolve(model_bytes, gm)`` gives those constants back for
+``SessionOptions.add_external_initializers``, and ``inline_constants`` the whole model
+(a precision lowering, a saved program). docs/cache.md says what it saved.
 """
 from __future__ import annotations
 

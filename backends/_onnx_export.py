@@ -3,27 +3,14 @@
 A partition is translated by PyTorch's own exporter (``torch.onnx.export(...,
 dynamo=True)``, onnxscript's ATen library "torchlib"); ``export_onnx`` builds the
 exporter's registry once per process (``_registry_once``) and hands the exporter the
-translations below in place of torchlib's; ``declared_ops`` lists the ATen ops it
-translates. What the export gets wrong and no
-translation here fixes is refused by ``EXPORT_VALIDATORS`` (the ONNX Runtime and
-TensorRT backends apply them); docs/robustness.md lists both ("Edge values", issue 25).
-
-Translations (``translations()``):
-
-* floating ``remainder``: torchlib computes ``a - floor(a / b) * b``, which loses the
-  remainder once ``a / b`` outgrows the mantissa (``1e8 % 3`` in float32 was 0, eager
-  says 1). ATen takes ``fmod(a, b)`` (exact) and adds ``b`` where the signs of the
-  result and ``b`` differ; so does this one (ONNX ``Mod`` with ``fmod=1``), in float32
-  for 16-bit floats as ATen does. Integer remainders keep torchlib's ``Mod``.
-
-Refused (``EXPORT_VALIDATORS``): training batch norm (exported with the running
-statistics), an embedding bag whose auxiliary outputs are read (returned as zeros), a
-mean over an empty extent (ONNX leaves it undefined), an integer division with a
-rounding mode (divided in float32), scatter_reduce's mean (the last write wins),
-logcumsumexp (-inf far below the row's maximum).
-
-``EXPORT_REVISION`` changes whenever what the export produces for a graph changes: it is
-part of every cached ONNX model's key, so a model exported before a fix is not reused.
+translations of ``translations()`` in place of torchlib's (floating ``remainder``, as
+ATen computes it: fmod and a sign fix-up); ``declared_ops`` lists the ATen ops it
+translates. What the export gets wrong and no translation fixes is refused by
+``EXPORT_VALIDATORS`` (training batch norm, an embedding bag's auxiliary outputs, a
+mean over an empty extent, integer division with a rounding mode, scatter_reduce's mean,
+logcumsumexp), which both backends apply; docs/robustness.md ("Edge values") gives each
+cause. ``EXPORT_REVISION`` changes whenever what the export produces changes: it keys
+every cached ONNX model, so a model exported before a fix is not reused.
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""An ONNX model saved without the weights the program holds already
-(arbiter/deploy/shared.py): each initializer whose bytes equal a program weight becomes an
-external-data reference (location ``arbiter-shared``), and the session made at load gets
-that weight back through ``SessionOptions.add_external_initializers`` (copied into the
-graph before ONNX Runtime's optimizations, so the session is the one made from the whole
-model)."""
+"""An ONNX model saved without the weights the program holds already (deploy/shared.py).
+
+Each initializer whose bytes equal a program weight becomes an external-data reference
+(location ``arbiter-shared``), and the session made at load gets that weight back
+through ``SessionOptions.add_external_initializers`` (copied into the graph before ONNX
+Runtime's optimizations, so the session is the one made from the whole model).
+"""
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -1,7 +1,9 @@
-"""OpenVINO's compiled partitions saved as IR and read back (arbiter.deploy;
-docs/deploy.md): ``openvino.save_model`` writes the converted model (weights
-uncompressed, so float32 stays float32), ``Core.read_model`` reads it from memory and it
-is compiled with the loading config's options (threads, precision hint, device)."""
+"""OpenVINO's compiled partitions saved as IR and read back (arbiter.deploy; docs/deploy.md).
+
+``openvino.save_model`` writes the converted model (weights uncompressed, so float32
+stays float32), ``Core.read_model`` reads it from memory and it is compiled with the
+loading config's options (threads, precision hint, device).
+"""
 from __future__ import annotations
 
 import tempfile

@@ -1,7 +1,8 @@
-"""What OpenVINO (2026.4, CPU plugin) computes unlike eager on finite values, refused by
-the OpenVINO backend's validators whatever its ``exact_nonfinite`` says (the NaN and inf
-differences are its ``_NONFINITE`` table, backends/openvino.py). Each was measured
-(docs/robustness.md, "Edge values" for those of issue 25).
+"""What OpenVINO (2026.4, CPU plugin) computes unlike eager on finite values, refused.
+
+The OpenVINO backend's validators refuse these whatever its ``exact_nonfinite`` says
+(the NaN and inf differences are its ``_NONFINITE`` table, backends/openvino.py). Each
+was measured (docs/robustness.md, "Edge values").
 """
 from __future__ import annotations
 

@@ -1,28 +1,15 @@
 """An ATen partition -> ``openvino.Model``, by OpenVINO's own PyTorch frontend.
 
-Two ways in, one set of op translations (OpenVINO's; none are written here):
-
-* **direct**, tried first: the partition's graph goes to OpenVINO's FX decoder
-  (``TorchFXPythonDecoder``), as OpenVINO's own torch.compile backend hands it
-  AOTAutograd's graphs. The decoder must stay referenced until ``FrontEnd.convert``
-  returns: a collected one fails with "pure virtual function
-  TorchDecoder::decoder_type_name" (what an earlier attempt here ran into, and why the
-  export way came first). BERT-base's partition converts in 0.25 s against 3.3 s the
-  export way, to the same compiled model (556 nodes, the same outputs);
-* **export**, where the decoder fails (an op it has no rule for, such as the
-  ``*_backward`` ops, which the export way decomposes): ``torch.export`` of the partition
-  (non-strict, its real inputs) and ``openvino.convert_model`` of the ExportedProgram,
-  which runs OpenVINO's decomposition table over it first (``run_decompositions``, 2.8 s
-  of the 3.3 on BERT-base).
-
-The probe (``arbiter probe``) goes through ``convert`` like any partition, so its
-verdicts are this function's. Rerun after the direct way came in (openvino 2026.4.1):
-the same verdict on all 274 forward samples (float32, int64, bool) and on all 192
-symbolic-shape samples as the export way alone gave; the one difference, bilinear
-upsampling of +-inf inputs, now equals eager where the export way's decomposition did
-not. ``aten.view`` becomes ``aten.reshape`` only for the export way (its retrace
-recomputes strides a ``view`` cannot take); the decoder has no rule for reshape, and
-translates a view as a Reshape.
+Two ways in, one set of op translations (OpenVINO's; none are written here): **direct**,
+tried first, hands the partition's graph to OpenVINO's FX decoder
+(``TorchFXPythonDecoder``), as OpenVINO's own torch.compile backend does; the decoder
+must stay referenced until ``FrontEnd.convert`` returns (a collected one fails with "pure
+virtual function TorchDecoder::decoder_type_name"). **export**, where the decoder fails
+(an op it has no rule for, such as the ``*_backward`` ops), runs ``torch.export`` of the
+partition (non-strict, its real inputs) and ``openvino.convert_model``, which decomposes
+first (BERT-base: 3.3 s against the direct way's 0.25 s, to the same model). Views
+become reshapes for the export way only. The probe goes through ``convert`` like any
+partition, so its verdicts are this function's. docs/design.md ("OpenVINO backend").
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""ONNX Runtime's lower precisions (docs/precision.md): which variants the providers'
-kernels make worth offering, and a float32 ONNX model converted to float16 or
-dynamically quantized to int8."""
+"""ONNX Runtime's lower precisions (docs/precision.md): its variants, and the conversions.
+
+Which variants the providers' kernels make worth offering, and a float32 ONNX model
+converted to float16 or dynamically quantized to int8.
+"""
 from __future__ import annotations
 
 import contextlib

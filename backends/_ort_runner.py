@@ -1,6 +1,8 @@
-"""ONNX Runtime's runner: one session run with IOBinding, inputs bound by pointer and
-outputs written into tensors torch allocated (the ONNX Runtime backend's compiled
-callable; backends/onnxruntime.py)."""
+"""ONNX Runtime's runner: one session run with IOBinding, no copies in or out.
+
+Inputs are bound by pointer and outputs written into tensors torch allocated (the ONNX
+Runtime backend's compiled callable; backends/onnxruntime.py).
+"""
 from __future__ import annotations
 
 import logging

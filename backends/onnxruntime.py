@@ -1,22 +1,15 @@
 """ONNX Runtime (CPU execution provider by default).
 
-A partition is translated to ONNX by PyTorch's own exporter (``torch.onnx.export(...,
-dynamo=True)``, which uses onnxscript's ATen library), with the few translations of
-``backends/_onnx_export.py`` where that library differs from eager; what the export still
-gets wrong is refused there (``EXPORT_VALIDATORS``). Weights baked into the partition
-become ONNX initializers, which ONNX Runtime folds and prepacks. The exporter's ATen ->
-ONNX registry is built once per process, not once per partition.
-
-Tensors cross without copies: inputs are bound by pointer with IOBinding (made
-contiguous first: binding a non-contiguous tensor's pointer silently gives wrong
-results), and outputs are written by ONNX Runtime straight into tensors that torch
-allocated, which are then handed on as they are; the binding and the run go straight to
-ONNX Runtime's C++ objects (``OrtRunner``, backends/_ort_runner.py).
-
-A partition with symbolic shapes is exported once with symbolic ONNX dimensions
-(``backends/_export.py``): one session serves every size. Its output shapes are computed
-per call from the input sizes; an output whose size depends on data is allocated by ONNX
-Runtime and handed over as a tensor.
+A partition is translated to ONNX by PyTorch's own exporter, with the few translations
+and refusals of ``backends/_onnx_export.py`` where onnxscript's ATen library differs from
+eager. Weights baked into the partition become ONNX initializers, which ONNX Runtime
+folds and prepacks. Tensors cross without copies: inputs are bound by pointer with
+IOBinding (made contiguous first: a non-contiguous tensor's pointer silently gives wrong
+results) and outputs are written straight into tensors torch allocated
+(``OrtRunner``, backends/_ort_runner.py). A partition with symbolic shapes is exported
+once with symbolic ONNX dimensions (``backends/_export.py``): one session serves every
+size; output shapes are computed per call, and an output whose size depends on data is
+allocated by ONNX Runtime and handed over.
 """
 from __future__ import annotations
 

@@ -1,25 +1,16 @@
 """OpenVINO (CPU plugin).
 
-A partition is converted by OpenVINO's own PyTorch frontend (``_openvino_convert.py``):
-its graph goes to OpenVINO's FX decoder as it is, or, where the decoder cannot convert
-it, through ``torch.export`` (non-strict, the partition's real inputs) and
-``openvino.convert_model``; then ``Core.compile_model`` for the device. No op
-translations are written here.
-
-Precision is float32 unless the config says otherwise: the CPU plugin picks bf16 by
-itself on CPUs that have it (errors of 2e-2 on transformers, 3.0 on ResNet-50 measured).
-
-Tensors cross without copies where OpenVINO allows: inputs are wrapped as ``ov.Tensor``
-over the torch tensor's memory (``shared_memory=True``; made contiguous first, which is
-the one copy that can happen: counted in the piece's record), and outputs are
-torch-allocated tensors set as the request's output tensors, so the plugin writes into
-them. Each thread gets its own infer request (requests are not thread-safe).
-
-A partition with symbolic shapes is converted with dynamic dimensions (the export way
-with symbolic ones, ``backends/_export.py``) and its inputs get dimensions bounded by the
-symbols' ranges (``ov.Dimension(min, max)``; ``mark_dynamic``'s bounds come through), so one
-compiled model serves every size and the plugin refuses a size outside them. Output
-shapes are computed per call from the input sizes, as for ONNX Runtime.
+A partition is converted by OpenVINO's own PyTorch frontend (``_openvino_convert.py``:
+its FX decoder, or ``torch.export`` then ``openvino.convert_model``), then
+``Core.compile_model`` for the device; no op translations are written here. Precision
+is float32 unless the config says otherwise (the CPU plugin picks bf16 by itself on CPUs
+that have it: errors of 2e-2 on transformers, 3.0 on ResNet-50 measured). Tensors cross
+without copies where OpenVINO allows: inputs as ``ov.Tensor`` over the torch tensor's
+memory (made contiguous first: the one copy, counted), outputs torch-allocated and set
+as the request's output tensors; one infer request per thread. A symbolic partition is
+converted with dynamic dimensions bounded by the symbols' ranges, so one compiled model
+serves every size; output shapes are computed per call. docs/design.md ("OpenVINO
+backend").
 """
 from __future__ import annotations
 

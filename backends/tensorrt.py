@@ -1,31 +1,17 @@
 """TensorRT: an ATen partition -> ONNX -> a TensorRT engine, run on CUDA tensors.
 
-Two packages of one API family work: datacenter TensorRT (``import tensorrt``) and
-TensorRT for RTX (``import tensorrt_rtx``, ``pip install tensorrt-rtx-cu12``); option
-``package`` picks one, ``auto`` takes ``tensorrt`` when both are installed; the report's
-version says which.
-
-* Conversion: the ONNX export shared with the ONNX Runtime backend
-  (``_onnx_export.export_onnx``, not copied), then TensorRT's ``OnnxParser`` and
-  ``build_serialized_network``.
-  Networks are strongly typed (TensorRT-RTX has no other kind): precision follows the
-  graph's dtypes, and TF32 is off unless option ``tf32`` is set, so float32 stays close
-  to eager. TensorRT converts float64 to float32 without a word: float64 is not in the
-  manifest, and a build whose inputs or outputs changed dtype is refused.
-* Building needs no GPU (TensorRT-RTX documents a CPU-only build): ``build_only`` is
-  what ``arbiter probe tensorrt --build-only`` runs, and what the tests run without CUDA.
-* Running needs CUDA: ``available()`` says so where there is none, while ``plannable()``
-  lets dry runs and build-only probes use the backend. The runner binds torch tensors'
-  memory (``set_tensor_address``), runs ``execute_async_v3`` on torch's current stream,
-  and routes TensorRT's device allocations to PyTorch's caching allocator
-  (``IGpuAllocator``); one execution context per thread. Engines are cached like ONNX
-  models (graph with weights, shapes, options, TensorRT version, GPU).
-* Static shapes only (the manifest says ``dynamic: false``); no optimization profiles.
-
-The GPU path is written from TensorRT's documented API and has not run an engine yet: the
-one GPU lent to this work, an H100 (compute capability 9.0), is refused by TensorRT-RTX
-("supported: 8.0 8.6 8.9 12.0 12.1 >12.0"); that refusal is remembered per GPU so that
-other partitions fall back at once and ``available()`` says why (docs/design.md).
+Datacenter TensorRT (``import tensorrt``) or TensorRT for RTX (``import tensorrt_rtx``):
+option ``package`` picks one (``auto``: ``tensorrt`` when installed). The partition is
+exported as for ONNX Runtime (``_onnx_export.export_onnx``), parsed by ``OnnxParser``
+and built by ``build_serialized_network`` into a strongly typed network (precision
+follows the graph's dtypes; TF32 only with option ``tf32``; a build whose inputs or
+outputs changed dtype, as float64's do, is refused). Building needs no GPU
+(``build_only``: ``arbiter probe tensorrt --build-only``); running needs CUDA
+(``available()`` says so, ``plannable()`` lets dry runs plan onto it): tensors bound by
+address, ``execute_async_v3`` on torch's current stream, device memory from PyTorch's
+caching allocator, one execution context per thread. Static shapes only. The GPU path has
+not run an engine yet (TensorRT-RTX refused the H100 lent; the refusal is remembered per
+GPU): docs/design.md ("TensorRT backend").
 """
 from __future__ import annotations
 

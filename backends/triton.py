@@ -1,16 +1,15 @@
-"""Triton: hand-written kernels for whole patterns (RMSNorm, LayerNorm + residual,
-bias + GELU, softmax with scale and mask), claimed through the manifest's ``patterns:``.
+"""Triton: hand-written kernels for whole patterns, claimed by its manifest's ``patterns:``.
 
+The patterns: RMSNorm, LayerNorm + residual, bias + GELU, softmax with scale and mask.
 The backend claims no single op. The partitioner hands it partitions made of pattern
 matches it claimed (arbiter/plan/patterns.py); ``compile`` matches the patterns again in
 the partition, checks each match as the planner did, and builds a new graph calling one
 kernel launcher per match (backends/_triton_kernels.py) in place of its ATen nodes.
-
-Kernels run on CUDA tensors (the GPU path has not run here: no GPU was lent to this work)
-or, with ``TRITON_INTERPRET=1`` set before triton is imported, on CPU tensors in Triton's
-interpreter, 500-5000x slower than eager: that is how tests/test_triton.py compares every
-kernel with eager in float32 and float16 on this CPU-only machine. Without a GPU driver
-and without the interpreter the backend is unavailable, with that reason.
+Kernels run on CUDA tensors or, with ``TRITON_INTERPRET=1`` set before triton is
+imported, on CPU tensors in Triton's interpreter, 500-5000x slower than eager: that is
+how tests/test_triton.py compares every kernel with eager in float32 and float16 without
+a GPU. Without a GPU driver and without the interpreter the backend is unavailable, with
+that reason. docs/design.md ("Triton backend"; what ran on a GPU: "What ran where").
 """
 from __future__ import annotations
 

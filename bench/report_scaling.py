@@ -4,7 +4,7 @@ Uses partition_scaling.py's synthetic graphs (3 backends; in each block of 50 no
 pinned to inductor and 1 runs only in eager). For each size: plan once, then time
 (median of --repeats, wall clock):
 
-* build: the report's graph record from the plan (``arbiter.report.build.graph_report``: per-op
+* build: the report's graph record from the plan (``arbiter.report.from_record.graph_report``: per-op
   table, coverage, boundaries with bytes, the node list for drawing)
 * advice: replanning for min_block_size 1..8 and for the ops on the fallback
 * json: ``model_dump_json``; text: the rich tables (100 columns); html: ``render_html``
@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import arbiter  # noqa: E402
 from arbiter.plan.policy import PolicyOutcome  # noqa: E402
-from arbiter.report.build import graph_report  # noqa: E402
+from arbiter.report.from_record import graph_report  # noqa: E402
 from arbiter.run.record import GraphRecord  # noqa: E402
 from arbiter.plan.capability import MUTATES, NOT_ATEN, RANDOM, SCALAR  # noqa: E402
 from arbiter.report import Report  # noqa: E402

@@ -1,5 +1,5 @@
 """Policy `calibrated` (arbiter/plan/policy.py), its prediction (arbiter/plan/predict.py)
-and this machine's calibration (arbiter/measure/calibrate.py, calibration.py).
+and this machine's calibration (arbiter/measure/calibration_cells.py, calibration.py).
 
 Predictions are checked with calibrations written by the test (what a call costs, how
 fast each class runs), so the assertions are about behaviour: a backend whose call costs
@@ -16,7 +16,7 @@ import torch
 
 import arbiter
 from arbiter.measure import calibration as calmod
-from arbiter.measure.calibrate import BLOCKS, CELLS, Measured, block_nodes
+from arbiter.measure.calibration_cells import BLOCKS, CELLS, Measured, block_nodes
 from arbiter.plan.policy import CLOSE_MARGIN, GraphContext, get_policy
 from arbiter.plan.predict import (FACTOR_MIN_NODES, KINDS, BackendCalibration, block_kind,
                                   node_us, op_class, op_work, predict)
@@ -322,7 +322,7 @@ def test_a_block_factor_prices_large_partitions_and_leaves_small_ones(make_backe
 def test_a_block_factor_is_its_time_over_the_op_by_op_prediction():
     """Measured.calibration: factor = (block time - call) / the block's ops predicted one
     by one from the same backend's op cells; kept within FACTOR_RANGE."""
-    from arbiter.measure.calibrate import FACTOR_RANGE
+    from arbiter.measure.calibration_cells import FACTOR_RANGE
 
     gm = _chain_of(4)
     nodes = block_nodes(gm)
@@ -362,11 +362,11 @@ EAGER = {"backends": ["eager"], "policy": "calibrated"}
 @pytest.fixture
 def unpinned(monkeypatch):
     """No pinned calibration, no memory of one, and small cells (seconds, not a minute)."""
-    from arbiter.measure import calibrate
+    from arbiter.measure import calibration_cells
 
     monkeypatch.delenv(calmod.ENV_FILE, raising=False)
     small = {"call", "linear 16x256x256", "conv 16ch 28x28", "elementwise 128x3072"}
-    monkeypatch.setattr(calibrate, "CELLS", [c for c in CELLS if c[0] in small])
+    monkeypatch.setattr(calibration_cells, "CELLS", [c for c in CELLS if c[0] in small])
     calmod.forget()
     yield
     calmod.forget()
@@ -404,9 +404,9 @@ def test_a_calibration_taken_under_load_is_provisional_and_replaced_when_quieter
     config = {**EAGER, "cache": {"dir": str(tmp_path / "c")}}
     be = arbiter.Arbiter(config)
     monkeypatch.setattr(calmod, "load_per_core", lambda: 0.9)
-    from arbiter.measure import calibrate
+    from arbiter.measure import calibration_cells
 
-    monkeypatch.setattr(calibrate, "load_per_core", lambda: 0.9)
+    monkeypatch.setattr(calibration_cells, "load_per_core", lambda: 0.9)
     first = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
     measured = first.measured()["eager"]
     assert first.source == "measured" and calmod.provisional(measured) and measured.taken
@@ -418,7 +418,7 @@ def test_a_calibration_taken_under_load_is_provisional_and_replaced_when_quieter
     assert same.source == "cache"
     calmod.forget()  # a new process on a quiet machine: measured again, kept
     monkeypatch.setattr(calmod, "load_per_core", lambda: 0.1)
-    monkeypatch.setattr(calibrate, "load_per_core", lambda: 0.1)
+    monkeypatch.setattr(calibration_cells, "load_per_core", lambda: 0.1)
     quiet = calmod.Calibrations(be.planner, be.cache, budget_s=None, progress=False)
     quiet.get()
     assert quiet.source == "measured"

@@ -115,14 +115,14 @@ def test_closed_pipe_exits_quietly(args, tmp_path):
 
 def test_backends_table_keeps_its_columns_and_wraps_reasons():
     """Before: the tensorrt and triton rows (reasons of 200+ characters) broke the table."""
-    from arbiter.cli.backends import table
+    from arbiter.cli.backends import table_lines
 
     why = ("no GPU driver for triton 3.9.0 (RuntimeError: 0 active drivers ([]). There "
            "should only be one.); TRITON_INTERPRET=1, set before triton is imported, runs "
            "its kernels in Triton's interpreter on CPU tensors (slow: for tests)")
     rows = [("eager", "available", "all ops", "2.13.0+cpu", ""),
             ("triton", "unavailable", "no ops, 4 patterns", "-", why)]
-    lines = table(rows, 80)
+    lines = table_lines(rows, 80)
     head, rule, eager, triton, *reason = lines
     assert head.split() == ["backend", "status", "manifest", "version"]
     col = head.index("manifest")

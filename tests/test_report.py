@@ -175,7 +175,7 @@ def test_text_fits_100_columns(split_report):
 
 def test_partition_api_report_of_plain_graph():
     # the per-op records come from the plan alone: any ATen graph works
-    from arbiter.report.build import op_reports
+    from arbiter.report.from_record import op_reports
     from arbiter.registry import get_backend_class
 
     gm = trace(f, torch.randn(4, 4))

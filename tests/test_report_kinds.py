@@ -1,6 +1,6 @@
 """The report per graph kind (forward, backward, inference: what ran where, summed over
 the graphs of that kind) and its distributed section (which decisions were broadcast),
-issue 17's Report item: arbiter/report/build.py (kind_reports, distributed_report), text.py,
+issue 17's Report item: arbiter/report/from_record.py (kind_reports, distributed_report), text.py,
 html.py."""
 from __future__ import annotations
 
@@ -277,7 +277,7 @@ def test_distributed_section_from_constructed_graphs():
     """A report read back from JSON, or built by hand: graphs with the broadcast field
     set make the section; graphs without it are listed as not broadcast."""
     from arbiter.report import GraphReport
-    from arbiter.report.build import distributed_report
+    from arbiter.report.from_record import distributed_report
 
     graphs = [GraphReport(graph_id=0, kind="forward", nodes=3, partitions=[],
                           chosen="only onnxruntime", measure_broadcast="rank 0: broadcast"),

@@ -1,5 +1,9 @@
-"""The ``arbiter`` command: ``main`` (subcommands backends, explain, demo, manifest),
-``report`` and ``probe`` in their own modules, the built-in example models."""
+"""The ``arbiter`` command.
+
+``main`` holds the parser and the subcommands explain, manifest and schema; the others
+(backends, calibrate, report, demo, export, cache, probe) live in their own modules,
+beside the built-in example models.
+"""
 from .main import main
 
 __all__ = ["main"]

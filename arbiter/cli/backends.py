@@ -1,6 +1,6 @@
-"""`arbiter backends`: every registered backend, whether it can run here, its manifest's
-size (and how its entries are known), its version.
+"""`arbiter backends`: every registered backend, and whether it can run here.
 
+Per backend also its manifest's size (and how its entries are known) and its version.
 One row per backend, columns as wide as their longest cell; why a backend cannot run is
 the line below its row, wrapped to the terminal's width (80 columns off a terminal). An
 install command is shown only when a package it needs is missing here.
@@ -53,7 +53,7 @@ def rows(names=None) -> list[tuple[str, str, str, str, str]]:
     return out
 
 
-def table(found: list[tuple[str, str, str, str, str]], width: int) -> list[str]:
+def table_lines(found: list[tuple[str, str, str, str, str]], width: int) -> list[str]:
     """The rows as lines: no trailing spaces, reasons wrapped below their row."""
     head = ("backend", "status", "manifest", "version")
     cols = [max(len(r[k]) for r in [head, *found]) for k in range(4)]
@@ -99,7 +99,7 @@ def calibration_lines() -> list[str]:
 
 def run(args) -> int:
     width = args.width or (shutil.get_terminal_size().columns if sys.stdout.isatty() else 80)
-    print("\n".join(table(rows(), width)))
+    print("\n".join(table_lines(rows(), width)))
     print()
     print("\n".join(calibration_lines()))
     return 0

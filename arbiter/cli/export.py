@@ -1,13 +1,13 @@
-"""`arbiter export MODEL --out PATH`: export, compile and save a model (arbiter.export,
-docs/deploy.md); `arbiter report PATH` then reads the saved program's report.
+"""`arbiter export MODEL --out PATH`: export, compile and save a model (docs/deploy.md).
 
     arbiter export my_model.py:build --out model.arbiter
     arbiter export my_model.py:build --out model.arbiter --config cpu_all --dynamic 0.0=2:64
 
 MODEL is a built-in example or path/to/file.py:factory, a function returning (model,
-example_inputs); the model is exported in eval mode, for inference. --dynamic ARG.DIM=MIN:MAX
-makes dimension DIM of positional input ARG a symbol with that range (repeat it; one
-range per input dimension, each its own symbol).
+example_inputs); the model is exported in eval mode, for inference (arbiter.export).
+--dynamic ARG.DIM=MIN:MAX makes dimension DIM of positional input ARG a symbol with that
+range (repeat it; one range per input dimension, each its own symbol). `arbiter report
+PATH` then reads the saved program's report.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""arbiter: one torch.compile backend that splits ATen graphs across backends, and says
-what ran where.
+"""arbiter: one torch.compile backend that splits ATen graphs across backends, says what ran where.
 
     arbiter backends                     every backend: available?, why not, version;
                                          this machine's calibration

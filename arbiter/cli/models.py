@@ -1,7 +1,9 @@
-"""The CLI's MODEL argument, without importing torch (``arbiter --help`` stays fast): the
-built-in example models' names, one line each (arbiter/cli/examples.py defines them;
+"""The CLI's MODEL argument, without importing torch (``arbiter --help`` stays fast).
+
+The built-in example models' names, one line each (arbiter/cli/examples.py defines them;
 tests/test_cli.py keeps the two lists equal), and whether a model is traced for training
-or for inference (``--train``, ``--inference``, else the model's own mode)."""
+or for inference (``--train``, ``--inference``, else the model's own mode).
+"""
 from __future__ import annotations
 
 import textwrap

@@ -1,9 +1,10 @@
-"""`arbiter probe BACKEND`: run PyTorch's OpInfo samples through one backend alone and
-through eager; print what passed and failed; with --write, mark the manifest's entries
-that passed `verified: probed` (`probed_dtypes:` the dtypes that passed), drop from each
-op's `dtypes:` those tried and never passed (untried ones stay, as declared), and drop
-the ops whose samples alone failed in every dtype they allowed
-(arbiter.probe.update.manifest_update).
+"""`arbiter probe BACKEND`: PyTorch's OpInfo samples through one backend, against eager.
+
+Each sample runs through the backend alone and through eager; prints what passed and
+failed; with --write, marks the manifest's entries that passed `verified: probed`
+(`probed_dtypes:` the dtypes that passed), drops from each op's `dtypes:` those tried and
+never passed (untried ones stay, as declared), and drops the ops whose samples alone
+failed in every dtype they allowed (arbiter.probe.update.manifest_update).
 
 --build-only (TensorRT without CUDA): each sample is converted and built, not run; what
 passed is marked `verified: built` (`built_dtypes:`), numbers unchecked.

@@ -1,9 +1,9 @@
-"""Progress of a long CLI command on stderr: stages (loading, tracing), bars (compiling
-partitions, timing calls), and arbiter's warnings printed above them, never into them.
+"""Progress of a long CLI command on stderr, with arbiter's warnings above it, never in it.
 
-On a terminal with rich (the `report` extra) this is a ``rich.progress.Progress``; the
-records of the ``arbiter`` loggers go through its console, so a log line and the bar never
-share a line. Elsewhere (a pipe, CI, no rich) each stage and each compile is one plain line.
+Stages (loading, tracing) and bars (compiling partitions, timing calls). On a terminal
+with rich (the `report` extra) this is a ``rich.progress.Progress``; the records of the
+``arbiter`` loggers go through its console, so a log line and the bar never share a
+line. Elsewhere (a pipe, CI, no rich) each stage and each compile is one plain line.
 Compile progress is read from the runtime's own INFO records (``Arbiter`` logs how many
 partitions a graph has to compile, ``Piece`` each compile), so the library prints nothing.
 """

@@ -1,10 +1,10 @@
-"""Timing callables against each other as the benches do (bench/zoo.py), for ``arbiter
-demo``: interleaved rounds (in each round every callable runs its own K calls in turn,
-so all see the same machine load), K per callable from a probe (about ``round_s``
-seconds of its calls), each call timed; a callable's time is the median of its round
-medians, its spread the lowest and highest round median. The machine's load is read
-before and after; a comparison on a machine too busy to time says so instead of giving
-a ratio.
+"""Timing callables against each other as the benches do (bench/zoo.py), for ``arbiter demo``.
+
+Interleaved rounds (in each round every callable runs its own K calls in turn, so all
+see the same machine load), K per callable from a probe (about ``round_s`` seconds of
+its calls), each call timed; a callable's time is the median of its round medians, its
+spread the lowest and highest round median. The machine's load is read before and
+after; a comparison on a machine too busy to time says so instead of giving a ratio.
 """
 from __future__ import annotations
 

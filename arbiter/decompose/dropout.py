@@ -1,5 +1,8 @@
-"""Dropout split apart from its random draw (config ``random: eager``): the mask drawn by
-an eager op of its own (``dropout_mask_op``), the multiplications any backend may take."""
+"""Dropout split apart from its random draw (config ``random: eager``).
+
+The mask is drawn by an eager op of its own (``dropout_mask_op``); the multiplications
+are left for any backend to take.
+"""
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,9 @@
-"""Arbiter's own decompositions, for ops PyTorch's table (``torch._decomp``) lacks or
-decomposes into prims no exporter takes. Each returns ``NotImplemented`` where it does
-not apply (the node then stays whole)."""
+"""Arbiter's own decompositions, for ops PyTorch's table lacks or cannot serve.
+
+For ops ``torch._decomp`` has no decomposition for, or decomposes into prims no exporter
+takes. Each returns ``NotImplemented`` where it does not apply (the node then stays
+whole).
+"""
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,9 @@
-"""One backend's ``decompositions:`` (``Decompositions``): which of a partition's nodes it
-wants decomposed, their traced decompositions (a bounded process-wide cache), and the
-partition as that backend gets it (``for_backend``)."""
+"""One backend's ``decompositions:`` (``Decompositions``), and the partition as it gets it.
+
+Which of a partition's nodes the backend wants decomposed, their traced decompositions
+(a bounded process-wide cache), and the partition as that backend gets it
+(``for_backend``).
+"""
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,8 @@
-"""The decompositions of a list of op names: PyTorch's table, and arbiter's own
-(``own.extra``) where they name the same op."""
+"""The decompositions of a list of op names: PyTorch's table, and arbiter's own.
+
+Where both name the same op, arbiter's own (``own.extra``) win: PyTorch's may produce
+prims.
+"""
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,5 +1,7 @@
-"""One node's decomposition traced as an ATen graph on fake tensors of its own shapes
-(no tensor is computed), and inlined in place of the node."""
+"""One node's decomposition traced as an ATen graph, and inlined in place of the node.
+
+Traced on fake tensors of the node's own shapes: no tensor is computed.
+"""
 from __future__ import annotations
 
 import logging

@@ -1,19 +1,16 @@
-"""The saved program's file: one zip archive (stored, not compressed) holding
-``manifest.json`` and the files it lists, each with its size and sha256.
+"""The saved program's file: one stored (uncompressed) zip of ``manifest.json`` and its files.
 
-Reading is bounded and checked: the manifest at most ``MAX_MANIFEST`` bytes of JSON, its
-format and version first (another version is refused, naming both); every file read is
-listed in the manifest, read at most its listed size plus one byte, and its size and hash
-compared before anything parses it. A truncated or altered file is refused with an
-ArbiterError naming the file and what differs.
-
-A stored member (what ``write`` makes) is read straight from its offset into one bytes
-object, with its own file handle (``read`` may run in several threads at once); the
-sha256 stands for zipfile's CRC-32, which is not computed (a second pass over every byte:
-0.4 s of GPT-2's 1 GB load). Any other member goes through zipfile, CRC and all.
-``read_buffer`` reads a stored member into one writable uint8 tensor instead (what
-weights become, without a copy: ``tensor_file.py``), hashing each chunk in a thread while
-the next is read (both outside the GIL: a 267 MB file in about the time of its read)."""
+The manifest lists each file with its size and sha256. Reading is bounded and checked:
+the manifest at most ``MAX_MANIFEST`` bytes of JSON, its format and version first
+(another version is refused, naming both); every file read is listed in the manifest,
+read at most its listed size plus one byte, and its size and hash compared before
+anything parses it, else an ArbiterError naming the file and what differs. A stored
+member is read straight from its offset, with its own file handle (``read`` may run in
+several threads at once), the sha256 standing for zipfile's CRC-32; any other member
+goes through zipfile. ``read_buffer`` reads a stored member into one writable uint8
+tensor (the weights, without a copy: tensor_file.py), hashing each chunk in a thread
+while the next is read. docs/deploy.md ("Loading, and what is checked").
+"""
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,7 @@
-"""``arbiter.export``: torch.export, then the compile path's planning, building, checks
-and report (``Arbiter.compile_exported``), compiled at once on the example inputs."""
+"""``arbiter.export``: a model exported by torch.export and compiled by arbiter at once.
+
+torch.export, then the compile path's planning, building, checks and report
+(``Arbiter.compile_exported``), compiled at once on the example inputs."""
 from __future__ import annotations
 
 from typing import Any, Optional

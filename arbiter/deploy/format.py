@@ -1,5 +1,4 @@
-"""The saved program's manifest as typed models: written by saving.py, validated by
-loading.py.
+"""The saved program's manifest as typed models, written by saving and read by loading.
 
 ``SavedManifest`` is what ``manifest.json`` holds besides the archive's own keys
 (archive.py: format, version, files). Each partition keeps its chain twice: ``links``,

@@ -1,5 +1,7 @@
-"""The check at load: the saved example inputs run once and are compared with the
-outputs the program gave on them when it was exported. A difference (another backend,
+"""The check at load: the saved example inputs run again, compared with the saved outputs.
+
+The saved example inputs run once and are compared with the outputs the program gave
+on them when it was exported. A difference (another backend,
 version or machine) rebuilds the program with every partition's next call checked
 against eager ATen (verify ``first``), and those that differ fall back."""
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""A saved program's ATen side, read back: its weights (views of one buffer; a matrix
-stored transposed given back as the transposed view the program takes), the weights its
-artifacts share (shared.py), the ATen program (safe_program.py) and the plan rebuilt on
-it from the saved node names, each compiled partition's subgraph cut out."""
+"""A saved program's ATen side read back: weights, ATen program, plan and subgraphs.
+
+Its weights (views of one buffer; a matrix stored transposed given back as the
+transposed view the program takes), the weights its artifacts share (shared.py), the
+ATen program (safe_program.py) and the plan rebuilt on it from the saved node names,
+each compiled partition's subgraph cut out."""
 from __future__ import annotations
 
 import operator

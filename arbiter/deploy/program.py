@@ -1,7 +1,9 @@
-"""``Program``: what ``arbiter.export`` and ``arbiter.load`` return. A call checks its
-inputs against the exported signature (signature.py) and runs the stitched partitions
-directly: no Dynamo, no guards, the weights handed to the stitched graph as they were
-frozen. Inference only: calls run with gradients off."""
+"""``Program``: what ``arbiter.export`` and ``arbiter.load`` return.
+
+A call checks its inputs against the exported signature (signature.py) and runs the
+stitched partitions directly: no Dynamo, no guards, the weights handed to the stitched
+graph as they were frozen. Inference only: calls run with gradients off.
+"""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
-"""A loaded program's partitions made runnable: each compiled partition's chain is its
-saved artifact, loaded (``Preloaded``), then its saved links from the entry that ran when
+"""A loaded program's partitions made runnable, on the chains they were saved with.
+
+Each compiled partition's chain is its saved artifact, loaded (``Preloaded``), then its saved links from the entry that ran when
 it was saved (the same backend compiled again from ATen, the next ones), ending in eager
 ATen; an entry whose backend is not here is left out and said in the report. The pieces
 are made as compiling makes them (run/build.py) and stitched on the saved plan."""

@@ -1,13 +1,15 @@
-"""The report of a loaded program: the saved report, its partitions updated from the
-pieces that run now (backend, chain, fallbacks at load and after), the per-kind summary
-recomputed, and what loading did (``deployed``)."""
+"""The report of a loaded program: the saved report, updated from what runs now.
+
+Its partitions updated from the pieces that run now (backend, chain, fallbacks at load
+and after), the per-kind summary recomputed, and what loading did (``deployed``).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
 from ..report import Report
-from ..report.build import kind_reports
+from ..report.from_record import kind_reports
 from ..report.model import DeployedReport, FallbackReport
 
 

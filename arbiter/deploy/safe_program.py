@@ -1,21 +1,17 @@
 """An ExportedProgram written and read as data: no pickle, no code.
 
-``torch.export.save`` is not that in torch 2.13: ``torch.export.load`` reads weights with
-``torch.load(weights_only=False)`` and constants with ``pickle.loads``
-(torch/export/pt2_archive/_package.py), and its docstring says never to load an untrusted
-file. So the program's graph is written by torch's own serializer
-(``torch._export.serde.serialize``: JSON) without its weights, the weights as safetensors
-(``safetensors.torch``: a header and raw bytes), and reading hands both to torch's
-deserializer as dicts (``deserialize_torch_artifact`` then loads nothing).
-
-Torch's deserializer still trusts two things of the JSON: a node's target is any
-attribute path under ``torch``, ``operator`` or ``math`` (``torch.load`` would do), and
-symbolic sizes are parsed with ``sympy.sympify``, which evaluates Python. Before it runs,
-``check`` refuses any target outside ATen/prims ops and the size arithmetic of symbolic
-graphs, any size expression with other than sympy's number, symbol and arithmetic
-constructors (no attribute access, no brackets, no other names), and any higher-order op
-or script object; node metadata (stack traces, module paths) and the guard code are
-dropped unread. After it, every node's target is checked again on the graph."""
+``torch.export.save`` is not that in torch 2.13 (``torch.export.load`` unpickles weights
+and constants). So the program's graph is written by torch's own serializer
+(``torch._export.serde.serialize``: JSON) without its weights, the weights as
+safetensors, and reading hands both to torch's deserializer as dicts. That deserializer
+still trusts the JSON's node targets (any attribute path under ``torch``, ``operator``
+or ``math``) and size expressions (``sympy.sympify`` evaluates Python), so ``check``
+first refuses any target outside ATen/prims ops and symbolic size arithmetic, any size
+expression with other than sympy's number, symbol and arithmetic constructors, and any
+higher-order op or script object; node metadata and guard code are dropped unread.
+Afterwards every node's target is checked again. docs/deploy.md ("no code from the
+file").
+"""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,6 @@
-"""``Program.save``: the program's file (archive.py) holds
+"""``Program.save``: a compiled program written to one file, to load elsewhere.
+
+The file (archive.py) holds
 
 * ``program.json`` + ``weights.safetensors``: the whole decomposed ATen program
   (safe_program.py): what eager runs, the inline partitions, and every partition's ATen

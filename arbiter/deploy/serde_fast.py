@@ -1,10 +1,12 @@
-"""torch's serialized ExportedProgram (JSON) into its schema dataclasses, as
-``torch._export.serde.serialize._dict_to_dataclass`` does, faster: torch's helper calls
+"""torch's serialized ExportedProgram (JSON) into its schema dataclasses, faster than torch.
+
+As ``torch._export.serde.serialize._dict_to_dataclass`` does, but torch's helper calls
 ``typing.get_type_hints`` for every node, argument and tensor meta (13 of the 20 s that
 reading BERT-base's program took here, bench/README.md) and inspects each type again for
 every value. Here each schema type is inspected once and becomes a converter (a closure,
 cached per type); a value only runs its type's converter. Same rules, same result
-(tests/test_export.py compares them); a structure they do not fit raises ValueError."""
+(tests/test_export.py compares them); a structure they do not fit raises ValueError.
+"""
 from __future__ import annotations
 
 import dataclasses

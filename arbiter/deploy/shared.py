@@ -1,18 +1,16 @@
 """The program's weights, shared with the partitions' saved artifacts.
 
-A saved program holds its weights once, in ``weights.safetensors`` (the ATen program's,
-which the eager fallback runs). A backend whose artifact would carry a copy of some of
-them (an ONNX model's initializers) asks ``SharedWeights.find`` at save time whether the
-program already holds a tensor with exactly those bytes, and stores its key instead of
-the data; at load, ``SharedWeights.get`` gives the tensor back (``Backend.save_artifact``,
-``Backend.load_artifact``: their ``shared`` argument). Matching is by content (dtype,
-shape and every byte: a sha256), never by name. A matrix the export transposed (a
-``Linear``'s weight folded with its ``t``) is found as the program weight's transpose
-(``"t:"`` before the key); a matrix no artifact takes untransposed is then stored
-transposed (saving.py, format version 3), so at load the transpose is the stored tensor
-itself and the ATen program gets a transposed view of it: no copy either way (a file of
-version 2 has its transposes made at load). Any other change (folded, cast) is not found
-and stays in the artifact."""
+A saved program holds its weights once, in ``weights.safetensors``. A backend whose
+artifact would carry a copy of some (an ONNX model's initializers) asks
+``SharedWeights.find`` at save time whether the program holds a tensor with exactly
+those bytes and stores its key instead; at load ``SharedWeights.get`` gives the tensor
+back (the ``shared`` argument of ``Backend.save_artifact`` and ``load_artifact``).
+Matching is by content (dtype, shape, a sha256 of the bytes), never by name. A matrix the
+export transposed is found as a program weight's transpose (``"t:"`` before the key),
+and one no artifact takes untransposed is stored transposed (format version 3), so no
+copy is made at load either way. Any other change (folded, cast) is not found and stays
+in the artifact. docs/deploy.md ("The file").
+"""
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,8 @@
-"""What a saved program takes: its inputs' pytree, and per tensor input its dtype, rank
-and sizes (fixed, or a symbol with the range torch.export proved for it). Checked once
-per call; nothing else is guarded (no Dynamo)."""
+"""What a saved program takes: its inputs' pytree, and per tensor its dtype, rank and sizes.
+
+Sizes are fixed, or a symbol with the range torch.export proved for it. Checked once per
+call; nothing else is guarded (no Dynamo).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,6 @@
-"""A model to the ATen graph the planner sees: ``torch.export`` (non-strict, under
+"""A model to the ATen graph the planner sees, by ``torch.export``.
+
+``torch.export`` (non-strict, under
 ``no_grad``), then ``run_decompositions`` with PyTorch's CompositeImplicitAutograd
 decompositions (what AOTAutograd's tracing applies on the ``torch.compile`` path) and the
 lowering's own table (``run.lower.decomposition_table``: the fused inference kernels and

@@ -2,18 +2,12 @@
 
 A ``Bound`` judges a candidate's outputs against float32 eager's over one or more
 calibration inputs at once (``judge``), on every measure the config states, all of which
-must hold:
-
-* elementwise ``rtol``/``atol``: ``|got - ref| <= atol + rtol * |ref|`` on every floating
-  element (``run.verify.compare``; integers and bools equal);
-* ``max_rel_norm``: ``||got - ref|| / ||ref||`` of every floating output tensor (the norm
-  over the whole tensor, in float64);
-* ``topk``: the share of rows (the last dimension holding the classes) whose top-1 class
-  lies among eager's top ``k``, over every input together.
-
-A ``Judgement`` gives the measures and one number, ``score``: the worst measure divided
-by its bound (1 is at the bound, below 1 within it), which the per-module search ranks
-segments by (permodule.py).
+must hold: elementwise ``rtol``/``atol`` (``run.verify.compare``; integers and bools
+equal), ``max_rel_norm`` (``||got - ref|| / ||ref||`` per floating output, in float64)
+and ``topk`` (the share of rows whose top-1 class lies among eager's top ``k``, over
+every input together). A ``Judgement`` gives the measures and one number, ``score``: the
+worst measure divided by its bound (below 1 within it), which the per-module search
+ranks segments by (permodule.py).
 """
 from __future__ import annotations
 

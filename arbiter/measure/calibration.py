@@ -1,21 +1,15 @@
 """Where this machine's calibration comes from, and where it is kept (policy `calibrated`).
 
 ``Calibrations.get()`` gives each available backend's ``BackendCalibration``
-(plan/predict.py), from, in order:
-
-1. a calibration file (config ``calibration.file``, else ``$ARBITER_CALIBRATION``),
-   written by ``arbiter calibrate --out FILE``: pinned, never measured further (the
-   placement gate plans with one, so that its plans do not depend on the machine);
-2. this process's memory, then the persistent cache (kind ``calibration``), one entry per
-   backend keyed by the machine (CPU model, cores), torch's thread count, torch's version
-   and the backend's name, version and options (``Backend.cache_parts``): another
-   machine, thread count or backend version is calibrated anew;
-3. measuring what is missing (``calibrate.Calibrator``), within
-   ``calibration.time_budget_s``, with a progress line on stderr; a dry run never
-   measures. Untried cells are measured the next time a calibration is needed.
-
-A backend with no calibration is priced by the static table (plan/cost.py), and the
-policy's outcome says so.
+(plan/predict.py), from, in order: a calibration file (config ``calibration.file``, else
+``$ARBITER_CALIBRATION``; written by ``arbiter calibrate --out FILE``), pinned and never
+measured further; this process's memory, then the persistent cache (kind
+``calibration``, one entry per backend keyed by the machine, torch's thread count and
+version, and the backend's name, version and options); else measuring what is missing
+(``calibration_cells.Calibrator``) within ``calibration.time_budget_s``, never in a dry
+run. One taken under load is provisional (``PROVISIONAL``) and measured again when the
+machine is quieter. A backend with no calibration is priced by the static table
+(plan/cost.py). docs/policies.md ("`calibrated`") says when and why.
 """
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ from ..errors import ArbiterError
 from ..loadavg import load_average, load_per_core
 from ..ops import real_tensors
 from ..plan.predict import BackendCalibration
-from .calibrate import CELLS, Calibrator, Measured
+from .calibration_cells import CELLS, Calibrator, Measured
 
 log = logging.getLogger(__name__)
 

@@ -5,20 +5,11 @@ which another process's candidates do not hold, also carries its node -> backend
 node position (names may differ between processes), from which it is rebuilt; and every
 candidate's measured time, for the report. On disk and on the wire it is JSON
 (``to_json``, ``from_json``): an entry of another shape is no decision.
-
-* **The cache key** (``DecisionCache.for_graph``): the graph, its real input shapes and
-  dtypes, its frozen weights' shapes, dtypes and strides (not their bytes), the
-  planner's ``decision_parts`` (config, backends' versions and manifests), and
-  ``measure.mix_max_segments`` when mixing is on (mixing adds a candidate: a decision
-  made without it is made again). Not the weights' bytes: a placement's speed does not
-  depend on them, a decision for a lower precision is checked again on the call's own
-  inputs before it is installed (``MeasuredGraph._apply``), and every piece is verified
-  as on any first call; hashing them took 0.5 s of BERT-base's first call in every
-  process (440 MB) where no backend's artifact needed them (OpenVINO's).
-* **Distributed** (``process_group``, ``send``, ``receive``): every rank must run the
-  same backend for the same subgraph, so rank 0 alone decides (cache or timing) and
-  broadcasts its decision; the others install it untimed. Each rank's graphs reach their
-  first call in the same order (one program), so the broadcasts pair up.
+``DecisionCache.for_graph`` keys it by the graph, its real input shapes and dtypes, its
+frozen weights' shapes, dtypes and strides (not their bytes: docs/cache.md says why),
+the planner's ``decision_parts`` and ``measure.mix_max_segments`` when mixing is on.
+Under torch.distributed (``process_group``, ``send``, ``receive``) rank 0 alone decides
+and broadcasts; the others install its decision untimed (docs/policies.md, "`measure`").
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""The drift watch (config `accuracy.every_n`, docs/precision.md): a graph whose chosen
-placement runs at a lower precision is checked against float32 eager one call in N (the
-first included), by the config's bound on the graph's outputs (bound.py), the bound the
-user stated. A check outside it returns eager's result for that call and sends every
-lowered partition back to float32: each piece is demoted to the next backend of its
-chain (the variant's base backend) on its next call, with a warning and a fallback at
-stage ``verify`` in the report, and the graph's ``accuracy.drift`` says what happened.
-Calls between two checks are not checked: a drift shows in at most ``every_n - 1``
-calls before one catches it.
+"""The drift watch (config `accuracy.every_n`, docs/precision.md) over a lowered placement.
+
+A graph whose chosen placement runs at a lower precision is checked against float32
+eager one call in N (the first included), by the config's bound on the graph's outputs
+(bound.py), the bound the user stated. A check outside it returns eager's result for
+that call and sends every lowered partition back to float32: each piece is demoted to
+the next backend of its chain (the variant's base backend) on its next call, with a
+warning and a fallback at stage ``verify`` in the report, and the graph's
+``accuracy.drift`` says what happened. Calls between two checks are not checked: a
+drift shows in at most ``every_n - 1`` calls before one catches it.
 """
 from __future__ import annotations
 

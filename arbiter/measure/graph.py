@@ -1,26 +1,16 @@
-"""``MeasuredGraph``: the callable standing for one graph whose policy asked for timing on
-the first call (``Choice.timed``, a ``TimedChoice``), until that call decides.
+"""``MeasuredGraph``: the callable standing for a graph whose policy asked for timing.
 
-Why at the first call: ``_compile_graph`` sees FakeTensor metadata only. Random inputs
-drawn from it break integer inputs (token ids that index an embedding go out of range)
-and miss data-dependent paths; the first call has the real inputs, and the pieces
-compile lazily on it anyway. On that call it:
-
-1. asks the decision cache (``decision``); on a hit that candidate is built and nothing is
-   timed (a lower-precision one is accepted again first, ``precision``);
-2. else compiles, warms up and times the candidates (``timing``: priority first, then the
-   others by estimate, interleaved rounds within ``time_budget_s``), lower-precision ones
-   accepted first (``precision``); with the policy's search on, the mixed candidate
-   (``mix``) and refinement (``refine``);
-3. picks the winner (``winner``: the policy's margin holds its own plan against noise),
-   installs it, records the race on the graph's outcome and stores the decision.
-
-Under torch.distributed rank 0 decides and broadcasts; the other ranks install its
-decision untimed. A graph that writes into its inputs (a KV cache, BatchNorm's
-statistics) runs on private copies of them while measuring, each run from the same
-state (``rerun``): the user's tensors are written once, by the call that returns.
-Torch's RNG state is restored afterwards (``torch.random.fork_rng``), so random ops draw
-what eager would have drawn.
+It stands for one graph whose ``Choice.timed`` (a ``TimedChoice``) asks for timing on
+the first call, until that call decides: there the inputs are real (``_compile_graph``
+sees FakeTensor metadata only; random inputs break token ids and data-dependent paths)
+and the pieces compile anyway. On that call it asks the decision cache (``decision``),
+else compiles, warms up and times the candidates (``timing``), lower-precision ones
+accepted first (``precision``), with the mixed candidate (``mix``) and refinement
+(``refine``) when the policy's search is on; then picks and installs the winner
+(``winner``) and stores the decision. Under torch.distributed rank 0 decides and
+broadcasts. A graph that writes its inputs runs on private copies while measuring
+(``rerun``), and torch's RNG state is restored afterwards. docs/policies.md
+("`measure`") has the steps.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""The mixed candidate, cut at module boundaries (docs/policies.md "Mixing at module
-boundaries"; the segmenting and the chain DP are pure, in plan/segments.py).
+"""The mixed candidate: a backend per segment, cut at module boundaries.
 
 The graph is cut into segments at one module depth; one instance of each kind of segment
 and of adjacent pair is timed on each backend that ran the graph alone near the fastest
 (``probes.Probes``); a backend per segment is chosen by the chain DP over those costs
-(``segments.best_chain``), the boundaries priced by what keeping two neighbours on one
-backend saves; that placement, made by the partitioner through ``steered_plan`` as
-refinement makes its moves, is timed end to end beside the best so far and kept only
-when it wins twice by more than ``MIX_MARGIN``.
+(``segments.best_chain``; the segmenting and the DP are pure, in plan/segments.py), the
+boundaries priced by what keeping two neighbours on one backend saves; that placement,
+made by the partitioner through ``steered_plan`` as refinement makes its moves, is timed
+end to end beside the best so far and kept only when it wins twice by more than
+``MIX_MARGIN``. docs/policies.md ("Mixing at module boundaries").
 """
 from __future__ import annotations
 

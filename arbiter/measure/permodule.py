@@ -1,30 +1,15 @@
 """Precision per module (config `accuracy`, docs/precision.md "Module by module").
 
 When the whole graph at a variant's lower precision is outside the bound (or to find the
-fastest placement within it), module-boundary segments (the graph's ``nn_module_stack``,
-cut as mixing cuts: mix.module_segments) run on the variant and the rest in float32:
-
-1. **Segment plans**: each segment able to run on the variant's backend is a partition of
-   its own on the variant; the other segments run in eager (float32). Pieces are shared
-   by (chain, nodes), so each segment compiles once and any set of lowered segments is a
-   plan that runs without compiling: every evaluation below costs runs only.
-2. **Speed**: runs of every segment lowered and of the first instance of each kind on
-   the variant's backend at float32, interleaved, each piece timed: a kind's gain is its
-   float32 time less its lowered instances' median. Segments that gain less than
-   ``MIN_GAIN`` stay float32.
-3. **Error**: all segments lowered, judged on the calibration samples (bound.py); within
-   the bound, done. Else each segment lowered alone (its sensitivity, ``score``: the
-   worst measure over its bound), then the segments in order of score per ms gained,
-   the longest prefix within the bound by bisection, then each one left tried on its own
-   (kept when still within the bound).
-4. **The candidate**: the lowered segments on the variant, every other node where the
-   best float32 placement has it, made by the partitioner (``steered_lowered``: adjacent
-   segments merge into partitions), accepted on the samples and the held-out ones
-   (precision.py, ``arbiter.tune``), timed, and kept only when it beats
-   the best float32 placement by more than ``PRECISION_MARGIN`` twice.
-
-Every step checks the search's own budget (``accuracy.search_budget_s``); progress goes to
-the log (and stderr past a minute, as measuring's does).
+fastest placement within it), module-boundary segments (cut as mixing cuts:
+mix.module_segments) run on the variant and the rest in float32. ``PrecisionSearch``
+builds one plan per lowered segment (pieces shared, so any set of lowered segments runs
+without compiling), times each kind's gain on the variant against float32, judges the
+error of all gaining segments lowered and, outside the bound, each alone (its
+``score``), then keeps the longest prefix by score per ms gained that stays within the
+bound. The candidate (``steered_lowered``) is accepted on the samples and the held-out
+ones (precision.py), timed, and kept only when it beats the best float32 placement by
+more than ``PRECISION_MARGIN`` twice. Every step checks ``accuracy.search_budget_s``.
 """
 from __future__ import annotations
 

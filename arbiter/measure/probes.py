@@ -1,5 +1,4 @@
-"""Segment probes: what each kind of segment, and of adjacent pair, costs on each backend
-(docs/policies.md "Mixing at module boundaries", step 2).
+"""Segment probes: what each kind of segment, and of adjacent pair, costs on each backend.
 
 Per backend (fastest first, while the budget lasts) and per probe layout
 (``segments.probe_layouts``, the first holding every kind alone), a ``ProbePlan``: a plan
@@ -8,7 +7,7 @@ eager, built and warmed up. Then every probe plan is timed in interleaved rounds
 probe piece's own time counted (``Piece.timed``), together with ``WholeGraph`` entries
 (whole-graph candidates built already, end to end) so that whole-graph and segment times
 are taken under the same load. A piece whose backend did not compile its instance (it
-fell back) measures nothing.
+fell back) measures nothing. docs/policies.md ("Mixing at module boundaries", step 2).
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""Refinement (Collage-style, docs/policies.md "Refinement"): from the best measured
-placement, move one partition at a time (the whole partition, then each op of it alone)
-to another backend able to run all of it; a move is kept when the whole graph gets
-faster by more than ``REFINE_MARGIN`` twice (``Timing.beats``: timings here are noisy).
+"""Refinement (Collage-style): moving one partition at a time from the best placement.
 
-Every move is a placement made by the partitioner through ``steered_plan`` (each named
-node's preferred backend first among those able to run it, so acyclicity and
-``min_block_size`` hold as always); mixing at module boundaries and the decision cache
-(a refined placement rebuilt in another process) make theirs the same way.
+From the best measured placement, move one partition at a time (the whole partition,
+then each op of it alone) to another backend able to run all of it; a move is kept when
+the whole graph gets faster by more than ``REFINE_MARGIN`` twice (``Timing.beats``:
+timings here are noisy). Every move is a placement made by the partitioner through
+``steered_plan`` (each named node's preferred backend first among those able to run it,
+so acyclicity and ``min_block_size`` hold as always); mixing at module boundaries and
+the decision cache (a refined placement rebuilt in another process) make theirs the same
+way. docs/policies.md ("Refinement").
 """
 from __future__ import annotations
 

@@ -1,18 +1,15 @@
 """Running a graph that writes into its inputs more than once, unseen by the user.
 
 A graph AOTAutograd lowered with ``keep_inference_input_mutations`` ends in ``copy_``
-nodes into the inputs it changes: a KV cache (``StaticCache``'s ``index_copy_``), a
-position counter, BatchNorm's running statistics. Its first call is the one that times
-candidates, checks precision and mixes placements, running the graph many times. Each
-of those runs must start from the inputs as the user handed them, or a cache position
-advances past the cache's end (an ``IndexError`` eager never raises, or an Inductor
-kernel's bounds check that aborts the process), and the user's own tensors are written
-exactly once, by the call that returns (as eager does).
-
-``Rerun`` finds the inputs a graph writes (``written_inputs``), gives measuring private
-copies of those (``begin``) and wraps each candidate it builds so that every run starts
-from the copies' first state (``build``); the time a restore takes is kept
-(``restore_s``) for the timing to leave out.
+nodes into the inputs it changes (a KV cache, a position counter, BatchNorm's running
+statistics). Its first call times candidates, judges lower-precision ones against config
+`accuracy` and mixes placements, running the graph many times: each run must start from
+the inputs as the user handed them (else a cache position runs past the cache's end),
+and the user's tensors are written once, by the call that returns. ``Rerun`` finds the
+inputs a graph writes (``written_inputs``), gives measuring private copies (``begin``)
+and wraps each candidate so that every run starts from their first state (``build``);
+the restores' time (``restore_s``) is left out of the timing. docs/generation.md says
+what went wrong before.
 """
 from __future__ import annotations
 

@@ -4,30 +4,12 @@ As Inductor's ``autotune_process`` takes choices and returns a time per choice (
 that fails to run is out of the race, not an error of the compile), ``Timing`` takes
 ``Candidate`` placements, builds each through the ``build`` it was given (pieces shared
 between candidates), warms it up and times it, and leaves its median and quartiles on
-the candidate (``measured_ms``, ``spread_ms``). What it decides:
-
-* **samples**: one sample is at least ``SAMPLE_S`` of calls (up to ``MAX_INNER`` calls of
-  a fast graph), so one call's noise does not decide;
-* **interleaved rounds**: each round times every candidate still undecided once, in an
-  order that rotates from round to round, so load and drift fall on all alike;
-* **stopping**: after ``repeats`` rounds, when the fastest one's upper quartile is below
-  every other's lower quartile (apart), else up to ``max_repeats`` or the budget; after
-  two rounds already, when the fastest one's slowest sample is ``FAR_APART`` below every
-  other's fastest (no later round could change the choice);
-* **the far-behind cut**: from the third round a candidate whose fastest sample is
-  ``FAR_BEHIND`` times the fastest one's slowest is not timed again, and past ``repeats``
-  neither is one apart from the fastest;
-* **margins**: a challenger (a refinement step, the mixed candidate) beats the best so far
-  only when faster by more than a margin twice (``beats``);
-* **the budget**: ``time_budget_s`` from ``begin``, lowered by ``limit_s`` (the search
-  after the whole-graph candidates gets what is left of ``SEARCH_FACTOR`` times their
-  compiles: ``search_limit`` in graph.py), and the progress line on stderr;
-* **compile times**: each candidate's compile and warm-up (``prepare_s``; their sum,
-  ``compiled_s``), from which the search predicts what a probe or a move on a backend
-  will cost before starting it.
-
-Each timed piece's own time is kept per partition (``part_ms``: (backend, node names) ->
-median ms), for the report's per-partition times.
+the candidate (``measured_ms``, ``spread_ms``). It decides the samples (at least
+``SAMPLE_S`` of calls), the interleaved rounds (rotating order), when to stop (apart,
+``FAR_APART``, ``max_repeats``, the budget), which candidates are not timed again
+(``FAR_BEHIND``), whether a challenger beats the best by a margin twice (``beats``), and
+keeps each candidate's compile time (``prepare_s``) and each partition's own time
+(``part_ms``). docs/policies.md ("`measure`") gives the rules and their reasons.
 """
 from __future__ import annotations
 

@@ -3,21 +3,13 @@
 Support of a node by a backend = its manifest entry for the node's op, checked against
 the node's metadata (dtype, device, rank, symbolic shapes of every tensor it reads and
 writes, from the FakeTensors in ``node.meta["val"]``), then the backend's validator for
-that op if it has one. Every refusal keeps its reason for the report.
-
-Symbolic shapes (a graph Dynamo traced with dynamic shapes): a node that reads or writes
-a tensor of symbolic size, or reads a symbolic int, may go to a backend whose manifest
-entry for its op says ``dynamic: true`` (probed: ``arbiter probe --dynamic``); one
-artifact then serves every size. An entry without it still takes the node, compiled
-per concrete shape (``NodeSupport.per_shape``; the config's
-``shapes.max_specializations`` bounds how many), unless that is off, then it refuses.
-Backends that take the node with symbols come first among its candidates, in config
-order, then those that would compile it per shape, then the fallback.
-
-Results are cached per node *signature* (op + tensor descriptors), which keeps the check
-linear and cheap on graphs of 100,000 nodes. When a whole graph is checked
-(``support_all``), each node's output descriptors are computed once and reused by every
-node that reads it; what an op is (ATen, in place, random) is looked up once per op.
+that op if it has one. Every refusal keeps its reason for the report. A symbolic node
+goes to a backend whose entry says ``dynamic: true`` (one artifact for every size), else
+is compiled per concrete shape (``NodeSupport.per_shape``) unless that is off; backends
+taking symbols come first among its candidates (docs/design.md, "Dynamic shapes").
+Results are cached per node signature (op + tensor descriptors), and ``support_all``
+computes each output's descriptors once, which keeps the check linear on graphs of
+100,000 nodes.
 """
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
 """A static cost estimate of a plan, for policy `cost` and to order `measure`'s work.
 
-Per node, by op class:
-
-* matrix products and convolutions cost their FLOPs at the backend's GFLOP/s;
-* every other op costs the bytes it reads and writes at the backend's GB/s;
-* every node pays the backend's per-node overhead (eager's dispatch, a kernel launch).
-
-Per partition run by a compiled backend: its per-call overhead, plus ``boundary_us`` for
-every tensor crossing into or out of it. Shapes come from the FakeTensor metadata; a
-symbolic size counts as its hint when it has one, else as 1.
-
-The per-backend numbers live in ``arbiter/plan/cost_table.yaml``, written by
-``bench/calibrate_cost.py`` from microbenchmarks on the machine it ran on (see
-docs/policies.md). A backend missing from the table gets the table's ``default`` row.
-Its ``compile`` rows (what a compile costs, measured apart: bench/README.md) are kept
-by that script as they are.
+Per node, by op class: matrix products and convolutions cost their FLOPs at the
+backend's GFLOP/s, every other op the bytes it reads and writes at its GB/s, and every
+node the backend's per-node overhead. A partition run by a compiled backend adds its
+per-call overhead and ``boundary_us`` per tensor crossing into or out of it. Shapes come
+from the FakeTensor metadata (a symbolic size counts as its hint, else 1). The numbers
+live in ``arbiter/plan/cost_table.yaml``, written by ``bench/calibrate_cost.py`` (a
+backend missing from it gets its ``default`` row; its ``compile`` rows are kept as they
+are). docs/policies.md ("`cost`") gives the formulas.
 """
 from __future__ import annotations
 

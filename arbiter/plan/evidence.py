@@ -1,20 +1,15 @@
 """Evidence before trust: which nodes of a graph no probe verified on a backend.
 
-A manifest entry is a claim until a probe ran it and compared it with eager
-(``verified: probed``, ``probed_dtypes``; arbiter/probe). A node of a graph handed to a
-backend is *verified* when its op's entry was probed in every dtype the node's tensors
-have (the probe compares every output of an op, including those only a backward graph
-reads), and, when the backend compiles it with symbolic sizes (one artifact for every
-size), when the entry says ``dynamic: true`` (``arbiter probe --dynamic``: run at two
-sizes through one artifact). Anything else, ``verified: declared`` or ``built`` entries,
-dtypes the probe never tried, an op with no entry of its own (a pattern's node), and
-every entry when the probe ran with another torch release or backend version than this
-process has, or on another device than the node's (the shipped probes ran on CPU), is
-*unverified*: with ``verify: {mode: unverified}`` (the default) the partition holding it
-is compared with eager ATen on its first call (arbiter/run/first_use.py).
-
-A backend's decompositions are judged on what the backend gets: the caller passes the
-graph after ``decompose.for_backend``.
+A manifest entry is a claim until a probe ran it and compared it with eager. A node
+handed to a backend is *verified* when its op's entry was probed (``verified: probed``)
+in every dtype the node's tensors have, and, when the backend compiles it with symbolic
+sizes, the entry says ``dynamic: true``. Anything else is *unverified*: ``declared`` or
+``built`` entries, dtypes no probe tried, an op without an entry of its own (a
+pattern's node), and every entry whose probe ran with another torch release, backend
+version or device. With ``verify: {mode: unverified}`` (the default) a partition holding
+one is compared with eager ATen on its first call (arbiter/run/first_use.py;
+docs/robustness.md, "`unverified`"). Callers pass the graph the backend gets, after
+``decompose.for_backend``.
 """
 from __future__ import annotations
 

@@ -1,33 +1,15 @@
 """Split an ATen FX graph into acyclic, deterministic partitions, one backend each.
 
-Why not ``torch.fx.passes.infra.partitioner.CapabilityBasedPartitioner``: it handles one
-backend and merges partitions with repeated cycle checks, which measured 1.25 s at 1,000
-nodes and 63 s at 5,000 here. This partitioner is linear in nodes + edges:
-
-1. Each node gets the backends able to run it, best first (a ``support.SupportTable``,
-   normally ``capability.CapabilityTable``); its
-   choice is the first. ``getitem`` follows its producer: a tuple never crosses a
-   boundary.
-2. A list scheduler (Kahn's algorithm with one ready queue per backend) emits a
-   topological order that stays on the current backend while it has ready nodes.
-   Partitions are the maximal same-backend runs of that order. A contiguous run of a
-   topological order is convex, so the partition graph is acyclic by construction.
-3. Nodes are sunk, in reverse order, into the first later same-backend run that uses
-   them (so a weight transpose needed three layers on does not become a boundary output),
-   and runs left adjacent with the same backend are merged.
-4. A partition with fewer than ``min_block_size`` compute nodes (not counting ``getitem``)
-   gives its nodes to their next able backend, and the plan is rebuilt. Each round
-   removes a candidate from some node, so there are at most (#backends) rounds. A node
-   pinned to that backend (``NodeSupport.pinned``: a config ``pin``) stays: a pin wins
-   over ``min_block_size``, so a small partition of pinned nodes is kept.
-
-Queues are FIFO in graph order and ties break by graph order: the same graph and config
-always give the same plan.
-
-Patterns (arbiter/plan/patterns.py): a match some backend claims is one unit. Its nodes
-share one candidate list (the claiming backends and those able to run each of its ops
-alone), its first node waits for every input of the whole match, so the scheduler emits
-the match without a break in one run, and it is never sunk apart.
+Linear in nodes + edges (torch.fx's ``CapabilityBasedPartitioner`` handles one backend
+and merges with repeated cycle checks: 63 s at 5,000 nodes here): each node's choice is
+the first of the backends able to run it (a ``support.SupportTable``); a list scheduler
+with one ready queue per backend emits a topological order that stays on one backend
+while it can, and partitions are its maximal same-backend runs (convex, so acyclic).
+Nodes are then sunk into later runs that use them, and partitions smaller than
+``min_block_size`` give their nodes to the next able backend, in at most (#backends)
+rounds; a pin wins over ``min_block_size``. Ties break by graph order, so the same graph
+and config always give the same plan. A pattern match some backend claims is one unit
+(patterns.py). docs/design.md ("The partitioner") gives the steps.
 """
 from __future__ import annotations
 

@@ -1,18 +1,16 @@
 """Named patterns that matter in transformers, for manifests' ``patterns:`` to claim.
 
-Each is a function of tensors, the shapes it is traced with (arbiter/plan/patterns.py),
-a ``check`` of a match and the ``params`` a kernel needs. Its literals (eps, dims, the
-softmax scale, an add's alpha) are wildcards when matching, so ``check`` says whether a
-match means what the pattern means: a dim that is not the last one, an exponent that is
-not 2 or a tensor where a number was traced is refused with the reason. ``params`` reads
-the numbers a kernel takes (eps, scale, the GELU approximation) from the matched nodes.
+Each is a function of tensors, the shapes it is traced with (patterns.py), a ``check`` of
+a match (its literals, eps, dims, scale, alpha, are wildcards when matching, so ``check``
+refuses, with the reason, a match that does not mean what the pattern means) and the
+``params`` a kernel reads from the matched nodes (eps, scale, the GELU approximation).
 
-* ``rms_norm``: ``F.rms_norm(x, (C,), w, eps)`` (``torch.nn.RMSNorm``): y, as x's dtype
-  (float16/bfloat16 inputs are computed in float32 and cast back, as eager does).
-* ``add_layer_norm``: ``s = x + r; y = F.layer_norm(s, (C,), w, b, eps)``: (y, s), the
-  residual sum and its normalization (w and b may be None).
-* ``bias_gelu``: ``F.gelu(x + b)`` with b a bias over the last dim (exact or tanh GELU).
-* ``scale_mask_softmax``: ``softmax(x * scale + mask, -1)``: attention's scores with an
+* ``rms_norm``: ``F.rms_norm(x, (C,), w, eps)``: y, as x's dtype (16-bit inputs are
+  computed in float32 and cast back, as eager does).
+* ``add_layer_norm``: ``s = x + r; y = F.layer_norm(s, (C,), w, b, eps)``: (y, s); w and
+  b may be None.
+* ``bias_gelu``: ``F.gelu(x + b)``, b a bias over the last dim (exact or tanh GELU).
+* ``scale_mask_softmax``: ``softmax(x * scale + mask, -1)``, attention's scores with an
   additive mask broadcast to x (rank <= 4).
 """
 from __future__ import annotations

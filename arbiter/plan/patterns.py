@@ -2,18 +2,14 @@
 
 A pattern is a small Python function of tensors (``pattern_library`` names a few; a
 manifest may give any ``module:function``), traced to ATen the way arbiter lowers a model
-(AOTAutograd, inference), once per dtype it allows (a float16 trace can differ: casts).
-Matching uses torch.fx's ``SubgraphMatcher``: a match is a self-contained subgraph (only
-its outputs are read outside) that would not make a cycle if fused.
-
-``PatternTable`` wraps the capability table: for each match it asks every backend whose
-manifest claims the pattern, in chain order, whether it takes this match (the backend is
-available, no op of it is excluded or pinned by the config, every tensor entering or
-leaving the match fits the pattern entry's dtypes/devices/ranks/dynamic, the library's check
-of the literals passes, then ``Backend.check_pattern``). A match some backend claims
-becomes a ``PatternGroup``: one unit for the partitioner (arbiter/plan/partition.py),
-runnable by the claiming backends and by those able to run each of its ops one by one.
-Overlapping claimed matches: the larger wins, then the earlier in graph order.
+(AOTAutograd, inference), once per dtype it allows. Matching uses torch.fx's
+``SubgraphMatcher``: a match is self-contained (only its outputs are read outside) and
+would not make a cycle if fused. ``PatternTable`` wraps the capability table: for each
+match it asks every backend whose manifest claims the pattern, in chain order, whether
+it takes this match (the config's rules, the entry's dtypes/devices/ranks/dynamic, the
+library's check, ``Backend.check_pattern``). A claimed match becomes a ``PatternGroup``,
+one unit for the partitioner; of overlapping claimed matches the larger wins, then the
+earlier. docs/design.md ("Patterns") has the details.
 """
 from __future__ import annotations
 

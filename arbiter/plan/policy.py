@@ -1,34 +1,16 @@
 """Policies: how a graph's placement is chosen. A registry, like backends.
 
 A policy gets a ``Planner`` and a graph and returns a ``Choice``: the plan to build, the
-candidate placements it considered, and its ``PolicyOutcome`` (kept on the graph's
-record, shown in the report), and ``timed``: what the graph's first real call times, as
-data (a ``TimedChoice``: candidates, the margin by which another must beat the policy's
-own plan, whether mixing and refinement follow). ``arbiter.measure`` times them on that
-call, installs the winner and completes the outcome. ``Policy.decide`` gives both;
-``Policy.timed`` says what is timed (every candidate when ``measures`` is set, else what
-the config asks: lower-precision variants, eager under ``against_eager``).
-
-Built in:
-
-* ``priority``: the config's order (the first able backend gets a node);
-* ``cost``: the candidate with the lowest static estimate (``cost.py``);
-* ``measure``: every candidate timed end to end on the first call;
-* ``calibrated``: the candidate with the lowest time predicted from this machine's
-  calibration (``predict.py``); when the runner-up is predicted within ``CLOSE_MARGIN``
-  of it and to compile in about its time (``COMPILE_SHARE``), both are timed on the first
-  call and the faster runs.
-
-The candidates are whole-graph plans, each made by the linear partitioner:
-``priority``, then for every available compiled backend ``only <backend>`` (that
-backend alone with the fallback for what it cannot run), and ``only eager``. So a policy
-choosing the cheapest of them by its own yardstick never picks something slower than the
-best single backend; boundary costs are in the yardstick (the cost model counts
-crossings; an end-to-end timing includes them). A plan equal to an earlier candidate is
-not kept twice: its label goes to the earlier one's ``also``.
-
-A third-party policy subclasses ``Policy`` and registers with ``@register_policy``; a
-config then names it under ``policy:``.
+candidate placements it considered, its ``PolicyOutcome`` (kept on the graph's record,
+shown in the report) and ``timed``, what the graph's first real call times, as data (a
+``TimedChoice``: candidates, the margin by which another must beat the policy's own
+plan, whether mixing and refinement follow); ``arbiter.measure`` times them on that call.
+Built in: ``priority`` (config order), ``cost`` (the lowest static estimate, cost.py),
+``measure`` (every candidate timed) and ``calibrated`` (the lowest time predicted from
+this machine's calibration, predict.py; the two best timed when close). The candidates
+are whole-graph plans (``priority``, ``only <backend>``, ``only eager``) from the linear
+partitioner. A third-party policy subclasses ``Policy`` and registers with
+``@register_policy``. docs/policies.md says what each decides and why.
 """
 from __future__ import annotations
 

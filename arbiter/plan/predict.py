@@ -1,27 +1,16 @@
 """A plan's time predicted from this machine's calibration (policy `calibrated`).
 
-The calibration (arbiter/measure/calibrate.py measures it, arbiter/measure/calibration.py
-keeps it) holds, per backend, its fixed cost per call (``call_us``: a tiny compiled
-graph), its cost per node (``node_us``: eager's dispatch; 0 for a compiled backend, whose
-per-node cost is in its call) and, per op class, the time of graphs of that class at a
-few sizes (``cells``: (work, microseconds) pairs; work is FLOPs for matrix products,
-convolutions and attention, bytes moved for the rest, as ``cost.node_work`` counts).
-
-A node's time on a backend is its backend's ``node_us`` plus its class's time for its
-work there: piecewise linear through the calibrated sizes, extended below the smallest
-by the line through the two smallest (its intercept is a fixed cost per op) and above
-the largest at the largest's rate (``BackendCalibration.class_us``). Ops timed one by
-one miss what a backend does across them (fusing, layouts, scheduling): a whole block
-(a transformer encoder layer, a ResNet bottleneck) is timed too, and its time over the
-op-by-op prediction of the same block is the backend's ``factor`` for that kind; a
-partition of at least ``FACTOR_MIN_NODES`` compute nodes is priced op by op times the
-factor of its kind (``block_kind``). On the 2-core machine of 2026-11-26 the op cells
-alone ranked Inductor first on BERT-base (whole: 1.29x slower than ONNX Runtime) and
-OpenVINO 1.4x behind ONNX Runtime (whole: within 5%). A partition run by
-a compiled backend adds that backend's ``call_us`` and ``boundary_us`` per tensor
-crossing into or out of it, so a plan cut into many partitions pays every cut (training
-plans whose backend cannot return some values come out in 10-40 partitions). A backend or class the calibration lacks is priced by the
-static table (``cost.py``), and the prediction says so (``Prediction.uncalibrated``).
+The calibration (measure/calibration_cells.py measures it, measure/calibration.py keeps
+it) holds per backend its cost per call (``call_us``), per node (``node_us``) and, per op
+class, the time of graphs of that class at a few sizes (``cells``: (work, microseconds);
+work is FLOPs or bytes moved, as ``cost.node_work`` counts). A node's time is its
+backend's ``node_us`` plus its work at its class's time, piecewise linear through the
+cells (``BackendCalibration.class_us``); a partition of at least ``FACTOR_MIN_NODES``
+compute nodes is priced op by op times its backend's block factor for its kind
+(``block_kind``), since op cells alone miss fusion. A compiled partition adds
+``call_us`` and ``boundary_us`` per tensor crossing it. What the calibration lacks is
+priced by the static table (``cost.py``; ``Prediction.uncalibrated``);
+``predict_compile_s`` reads its ``compile`` rows. docs/policies.md ("`calibrated`").
 """
 from __future__ import annotations
 

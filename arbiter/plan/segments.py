@@ -1,29 +1,16 @@
-"""Segments at module boundaries, and the choice of a backend per segment (policy
-`measure`'s mixed candidate, docs/policies.md "Mixing at module boundaries").
+"""Segments at module boundaries, and a backend per segment (`measure`'s mixed candidate).
 
 Pure: nodes come in as ``NodeInfo`` (a name, its module stack as (path, class) pairs from
-Dynamo's ``nn_module_stack``, a signature, its inputs' names), costs as numbers. Nothing
-here runs a tensor, so everything is unit-tested with made-up costs
-(tests/test_segments.py); arbiter/measure/mix.py measures the costs and builds the plan.
-
-* ``segment(nodes, depth)``: the graph order cut into maximal runs of nodes of the same
-  module at ``depth`` of the module tree (a module with nothing below ``depth`` is one
-  unit whatever its own depth: BERT's embeddings at the depth of its layers' attention).
-  Nodes of no module at that depth (top-level code, a ``getitem``) join the segment before
-  them (the first segment, when they come first), and so do runs of fewer than
-  ``min_nodes`` nodes. Repeated blocks (the same module class,
-  ops, shapes and wiring) get the same ``kind``: they are measured once.
-* ``choose_depth(nodes, max_segments)``: the deepest depth giving at least two and at
-  most ``max_segments`` segments.
-* ``probe_layouts(segments)``: instances to measure, one per segment kind and one per kind
-  of adjacent pair, packed into few layouts whose instances do not overlap (each layout is
-  one plan: its instances compiled as partitions of their own, the rest in eager).
-* ``best_chain(costs, boundary)``: the placement of a chain of segments minimizing the sum
-  of segment costs plus boundary costs between differently placed neighbours: a dynamic
-  program over the chain (Collage's, restricted to a chain: O(segments x backends^2)).
-* ``SegmentTimes``: what the probes measured, kept on the policy outcome (``mix``) for
-  the report's readers and bench/mix_oracle.py: per segment the fastest backend and the
-  sum of those (the oracle: no module-boundary mix runs faster, boundary costs aside).
+Dynamo's ``nn_module_stack``, a signature, its inputs' names), costs as numbers; nothing
+here runs a tensor, so tests/test_segments.py tests it with made-up costs and
+arbiter/measure/mix.py measures the costs and builds the plan. ``segment`` cuts the
+graph order into runs of one module at a depth (small runs and module-less nodes join the
+segment before them; repeated blocks share a ``kind``, measured once); ``choose_depth``
+picks the deepest depth giving 2 to ``max_segments`` segments; ``probe_layouts`` packs
+one instance per kind and per adjacent pair's kind into few plans; ``best_chain`` is
+Collage's dynamic program restricted to a chain (O(segments x backends^2));
+``SegmentTimes`` keeps what the probes measured, with the oracle sum, on the policy
+outcome. docs/policies.md ("Mixing at module boundaries") gives the rules.
 """
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
-"""The dynamic probe (``arbiter probe --dynamic``): samples traced with symbolic sizes,
-compiled once as arbiter compiles a symbolic partition (``arbiter.run.dynamic.Symbolic``,
-which checks the artifact at a second shape) and run at the sample's own sizes.
+"""The dynamic probe (``arbiter probe --dynamic``): samples traced with symbolic sizes.
 
-Per (OpInfo, dtype), up to ``DYNAMIC_SAMPLES`` samples are looked at and up to
-``DYNAMIC_RUNS`` run, until every op they hold has passed. Every size of 2 or more is a
-symbol first (equal sizes one symbol, as Dynamo does); a sample left with no second shape,
-or failing, is traced again with the innermost size of each input static (a feature size,
-fixed by weights in a model), then with a symbol per size. A passing sample credits each
-op that read or wrote a symbolic tensor; a failing one of a single op blames it
-(``ProbeResult.record``; what the manifest becomes: ``arbiter.probe.update.dynamic_update``).
+Each is compiled once as arbiter compiles a symbolic partition
+(``arbiter.run.dynamic.Symbolic``, which checks the artifact at a second shape) and run
+at the sample's own sizes. Per (OpInfo, dtype), up to ``DYNAMIC_SAMPLES`` samples are
+looked at and up to ``DYNAMIC_RUNS`` run, until every op they hold has passed. Every size
+of 2 or more is a symbol first (equal sizes one symbol, as Dynamo does); a sample left
+with no second shape, or failing, is traced again with the innermost size of each input
+static (a feature size, fixed by weights in a model), then with a symbol per size. A
+passing sample credits each op that read or wrote a symbolic tensor; a failing one of a
+single op blames it (``ProbeResult.record``; what the manifest becomes:
+``arbiter.probe.update.dynamic_update``).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`arbiter probe BACKEND --edges`: edge-value samples through one backend (issue 25).
+"""`arbiter probe BACKEND --edges`: edge-value samples through one backend (docs/robustness.md).
 
 OpInfo samples hold ordinary values; random programs found wrong answers at values no
 sample has: integer overflow (eager wraps around), empty dimensions (a mean over nothing

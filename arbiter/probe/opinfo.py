@@ -1,75 +1,15 @@
 """Probing a backend with PyTorch's OpInfo samples, to verify its manifest: the driver.
 
-For each OpInfo (``torch.testing._internal.common_methods_invocations.op_db``) and each
-dtype to try, one sample is traced with ``make_fx`` to an ATen graph (tensor arguments
-become graph inputs: arbiter/probe/sampling.py), compiled by the backend alone
-(``backend.compile``, no fallback, so failures are visible; the nodes its manifest's
-``decompositions:`` names decomposed for it, as a partition would be:
-arbiter/decompose/) and run; its outputs are checked against the graph's traced
-metadata and against eager ATen on the same inputs (``arbiter.run.verify``, per-dtype
-tolerances), then with NaN, +-inf, -0.0 and huge inputs (arbiter/probe/judge.py,
-arbiter/probe/nonfinite.py).
-
-``grad`` (the training probe, arbiter/probe/training.py): each sample's two AOTAutograd
-graphs, as arbiter's lowering gets them in training, instead: the forward (``_embedding_bag``,
-``max_pool2d_with_indices``, ``native_layer_norm``, ``_native_batch_norm_legit_functional``...),
-with every output it returns compared, those saved for the backward included, then the
-backward (``*_backward`` ops, the forward's saved tensors as real inputs). More samples
-of an OpInfo whose forward holds an op with several outputs, one per new argument value.
-
-Blame and credit, per ATen overload (arbiter/probe/credit.py):
-* a sample that passes credits every op of its graph with the dtypes of the tensors each
-  op read and wrote there (an op decomposed for the backend, and the ops of its
-  decomposition, alike; ``ProbeResult.decomposed`` lists the decomposed ones); a
-  training graph's pass is also listed in ``ProbeResult.trained``;
-* a sample that fails marks every op of its graph as tried and not passed in the dtypes
-  its tensors had there (``ProbeResult.failed_dtypes``), but blames the op as a whole only
-  when its graph has a single op (a graph of several ops says nothing about which one
-  failed);
-* a sample is skipped when PyTorch flags its OpInfo's outputs as nondeterministic
-  (``empty*``: uninitialized memory), when its graph holds an op not in the manifest, an
-  in-place or random op, a node the backend refuses (a validator, or a tensor of a
-  dtype it holds narrower: ``Backend.narrow_dtypes``), or a tensor of a
-  dtype its node's entry does not allow and the probe does not try (arbiter never hands
-  those to it), or when every (op, dtype) in it has already passed;
-* every output of a tuple-returning op is compared on its own: those a training forward
-  saves for its backward, and, in a sample that passed, those the graph does not return
-  (``expose_outputs``: what a backward graph reads, such as ``total_weight``). A wrong
-  one becomes that op's ``wrong_outputs`` in the sample's dtype (nodes of that dtype
-  reading it are refused) and does not fail the sample; a wrong saved value of any
-  other node fails it. A training forward failing loudly only with its saved outputs
-  (or the user's outputs past the first of a tuple-returning op) returned credits its
-  ops, makes those outputs ``wrong_outputs`` and blames the nodes
-  that compute only saved values (arbiter/probe/judge.py, ``run_sample``).
-
-``arbiter.probe.update.manifest_update`` turns the result into manifest entries
-(``manifest_dtypes`` is the rule): an op keeps the dtypes it allowed before the probe (its entry's ``dtypes:``, or the
-manifest's defaults) minus the dtypes tried in a failed sample and passed in none, plus the
-dtypes that passed; an op with a passing sample becomes ``verified: probed`` with
-``probed_dtypes:`` the dtypes that passed (``training_dtypes:`` those a training graph
-passed). A dtype no sample tried stays allowed, as
-declared. The rule is conservative in one direction only: a failed sample of several ops
-drops the dtype for each of its ops that did not pass it elsewhere, although one op alone
-may have failed. An op that passed none and whose samples alone failed in every dtype it
-allowed is removed (listed with the reason under ``probe.failed``); one that failed alone
-only in the dtypes tried keeps the untried ones. Dropped dtypes are listed under
-``probe.dtypes_dropped``. Samples are chosen one per (OpInfo, dtype) because compiling is
-the cost (ONNX export is 0.3-1 s per sample; Inductor compiles C++).
-
-``build_only``: for a backend that can convert and build where it cannot run (TensorRT
-without CUDA), each sample is built (``Backend.build_only``) and not run: passing means
-"built", and the manifest says ``verified: built`` with ``built_dtypes`` (numbers were not
-compared). Credit, blame and removal follow the same rules.
-
-Dynamic shapes (``probe(..., dynamic=True)``, ``arbiter probe --dynamic``:
-arbiter/probe/dynamic.py): each sample is traced with symbolic sizes, compiled once by the
-backend as a symbolic partition and run at two sizes, both compared with eager ATen. A
-passing sample credits each op of its graph that read or wrote a symbolic tensor
-(``ProbeResult.dynamic_passed``); a failing one of a single op blames it
-(``dynamic_failed``). ``arbiter.probe.update.dynamic_update`` writes ``dynamic: true`` on
-the ops that passed, except those whose sample alone gave wrong numbers at some size (a
-silent error; an exception at a size is loud, and demotes the partition at run time)
-and those that failed alone and passed nowhere (``ProbeResult.dynamic_refused``).
+For each OpInfo and dtype tried, one sample is traced to an ATen graph (sampling.py),
+compiled by the backend alone (no fallback, so failures show; the ops its manifest's
+``decompositions:`` names decomposed for it, as in a partition) and run, then compared
+with the traced metadata and with eager ATen, finite and special values (judge.py,
+nonfinite.py). ``grad`` probes each sample's AOTAutograd forward and backward instead
+(training.py), ``dynamic`` a trace with symbolic sizes run at two sizes (dynamic.py),
+``build_only`` builds without running (TensorRT without CUDA: ``verified: built``).
+credit.py credits and blames ops per ATen overload; update.py turns the ``ProbeResult``
+into manifest entries. docs/robustness.md ("`arbiter probe BACKEND`") gives the rules:
+what is skipped, credited, blamed, dropped and removed, and why.
 """
 from __future__ import annotations
 
@@ -106,7 +46,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     graphs, forward and backward (OpInfos without a backward, and dtypes without one,
     are left out)."""
     from .dynamic import dynamic_samples
-    from .samples import samples_for
+    from .overload_samples import samples_for
     from .training import probe_training
 
     if build_only and dynamic:
@@ -122,7 +62,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     infos = opinfos(ops)
     if grad:
         infos = [o for o in infos if o.supports_autograd]
-    if dynamic:  # overloads no OpInfo traces to (arbiter/probe/samples.py)
+    if dynamic:  # overloads no OpInfo traces to (arbiter/probe/overload_samples.py)
         infos += samples_for(ops)
     one = dynamic_samples if dynamic else probe_training if grad else _one
     result.opinfos_total = len(infos)

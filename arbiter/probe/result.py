@@ -1,6 +1,9 @@
-"""What a probe found: one ``SampleResult`` per graph run or skipped, and the
-``ProbeResult`` that credits and blames ops from them (the rules: arbiter/probe/opinfo.py's
-docstring; what the manifest becomes: arbiter/probe/update.py)."""
+"""What a probe found: a ``SampleResult`` per graph, and the ``ProbeResult`` over them.
+
+One ``SampleResult`` per graph run or skipped; the ``ProbeResult`` credits and blames
+ops from them (the rules: docs/robustness.md, "`arbiter probe BACKEND`"; what the
+manifest becomes: arbiter/probe/update.py).
+"""
 from __future__ import annotations
 
 from collections import defaultdict

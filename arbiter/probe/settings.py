@@ -1,5 +1,7 @@
-"""What the steps of one probe share (``Probe``) and what one OpInfo in one dtype is
-(``Case``), passed to each step instead of their fields one by one."""
+"""What the steps of one probe share (``Probe``), and one OpInfo in one dtype (``Case``).
+
+Passed to each step instead of their fields one by one.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence

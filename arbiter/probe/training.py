@@ -1,24 +1,15 @@
 """The training probe (``arbiter probe --grad``): each sample's AOTAutograd graphs.
 
-A training step hands arbiter two graphs per Dynamo graph, and the ops of both differ
-from an inference trace: the forward holds ``_embedding_bag`` (not
-``_embedding_bag_forward_only``), ``max_pool2d_with_indices`` (not ``max_pool2d``),
-``_native_batch_norm_legit_functional``, and returns, after what the user sees, the
-tensors the backward reads (``offset2bag``, ``bag_size``, pooling indices, layer norm's
-``mean`` and ``rstd``); the backward holds the ``*_backward`` ops. ``trace_training_sample``
-captures both from a real forward and backward of the sample through ``aot_function``
-(the partitioner arbiter's lowering uses, no decompositions: arbiter/run/lower.py), with
-their real inputs and a fixed random cotangent; ``probe_training`` probes the forward
-with every output it returns compared (a wrong saved output of a tuple-returning op is
-that op's ``wrong_outputs``: arbiter/probe/judge.py), then the backward.
-
-An op with several outputs computes them differently per argument (``_embedding_bag``'s
-``mode``: the first samples of its OpInfo are all ``sum``, and ``mean`` and ``max`` are
-where ONNX Runtime's export returned zeros for outputs 1-3), so when the first sample's
-forward holds such an op, later samples (of the first ``TRAINING_LOOKED``) are run too,
-each one that gives an argument (a bool, int, string or absent tensor of its ``args`` or
-``kwargs``) a value no earlier one gave, up to ``TRAINING_RUNS`` samples; their graphs
-run even where every (op, dtype) passed already.
+A training step hands arbiter a forward and a backward per Dynamo graph, and their ops
+differ from an inference trace's: ``_embedding_bag``, ``max_pool2d_with_indices``, the
+tensors the forward returns for the backward, the ``*_backward`` ops.
+``trace_training_sample`` captures both graphs from a real forward and backward of the
+sample through ``aot_function`` (the partitioner arbiter's lowering uses, no
+decompositions), with their real inputs and a fixed random cotangent;
+``probe_training`` probes the forward with every output it returns compared, then the
+backward. An OpInfo whose forward holds an op with several outputs gets more samples,
+one per new argument value (``grad_samples``: embedding_bag's modes). docs/robustness.md
+("`--grad`") says why, and what the results do to the manifest.
 """
 from __future__ import annotations
 

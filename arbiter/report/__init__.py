@@ -1,6 +1,9 @@
-"""The capability report: a pydantic model (``model``), filled from a graph's record
-(``build``) with computed advice (``advice``), rendered as rich text (``text``), a
-self-contained HTML page (``html``) and JSON with a published schema (``schema``)."""
+"""The capability report: what ran where, and why, as data and in three renderings.
+
+A pydantic model (``model``), filled from a graph's record (``from_record``) with
+computed advice (``advice``), rendered as rich text (``text``), a self-contained HTML page
+(``html``) and JSON with a published schema (``schema``).
+"""
 from .model import (AdviceReport, BackendStatus, FallbackReport, GraphBreakReport, GraphReport,
                     NodeReport, OpReport, PartitionReport, RefusalReport, Report, RuleReport,
                     TensorReport, TimingReport, WeightEventReport)

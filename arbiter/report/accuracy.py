@@ -1,12 +1,15 @@
-"""The report's accuracy section from a graph's outcome (config `accuracy`,
-docs/precision.md): the bound, every lower-precision candidate's measures, the per-module
-search (each module's precision and backend), speed against float32, the drift watch."""
+"""The report's accuracy section (config `accuracy`), filled from a graph's outcome.
+
+The bound, every lower-precision candidate's measures, the per-module search (each
+module's precision and backend), speed against float32, the drift watch
+(docs/precision.md).
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from .precision_model import (AccuracyReport, Measures, ModulePrecision,
+from .accuracy_model import (AccuracyReport, Measures, ModulePrecision,
                               PrecisionSearchReport)
 
 

@@ -1,10 +1,10 @@
-"""The whole report of one Arbiter (``Arbiter.report``): what ``build`` makes of each
-graph's record, with what is about the Arbiter as a whole around it: the backends'
-statuses and versions, Dynamo's graph breaks, the advice over every graph, the pins and
-excludes that applied nowhere, the graphs by kind, the distributed broadcasts and the
-resources in force.
+"""The whole report of one Arbiter (``Arbiter.report``), around its graphs' reports.
 
-Everything here reads records; nothing compiles or runs.
+What ``from_record`` makes of each graph's record, with what is about the Arbiter as a
+whole around it: the backends' statuses and versions, Dynamo's graph breaks, the advice
+over every graph, the pins and excludes that applied nowhere, the graphs by kind, the
+distributed broadcasts and the resources in force. Everything here reads records;
+nothing compiles or runs.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ..plan.rules import graph_ops, names, unmatched_message
 from ..run.record import DynamoGraph, GraphRecord
 from ..run.resources import in_force as resources_in_force
 from .advice import advise
-from .build import distributed_report, graph_report, kind_reports
+from .from_record import distributed_report, graph_report, kind_reports
 from .model import BackendStatus, GraphBreakReport, GraphReport, Report
 
 #: A pin or exclude of the config: (``"pin"`` or ``"exclude"``, op, backend or "").

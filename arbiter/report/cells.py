@@ -1,7 +1,9 @@
-"""The pieces both text and HTML reports are made of: lines and tables (``Line``,
-``Table``: what ``text.items`` yields), the short forms of ops, byte counts and tensor
-lists, counted nouns (``plural``, from ``words``: "1 node", "2 nodes"), and the phrases for graph kinds
-and the distributed section. Imports the model only for type checking.
+"""The pieces both text and HTML reports are made of.
+
+Lines and tables (``Line``, ``Table``: what ``text.items`` yields), the short forms of
+ops, byte counts and tensor lists, counted nouns (``plural``, from ``words``: "1 node",
+"2 nodes"), and the phrases for graph kinds and the distributed section. Imports the
+model only for type checking.
 """
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """The plan for Google's Model Explorer (``pip install ai-edge-model-explorer``).
 
 Writes what Model Explorer loads (JSON, its graph and node-data schemas:
-``model_explorer.graph_builder``, ``model_explorer.node_data_builder``), from the
-``Report`` alone (no torch, no model_explorer needed to write it):
-
-* ``<stem>.json``: one graph collection, one graph per ATen graph of each report. Each
-  compute node is a node labelled with its op, in the namespace of its module
-  (``encoder/layer/5/attention``, so Model Explorer folds layers), with attributes (op,
-  backend, planned backend, partition, shape, fallbacks) and an edge from each input;
-  graph inputs are nodes too.
-* ``<stem>.backends.json``: node data coloring each node by the backend that runs it
-  (value: the backend's place in the chain; color: the backend's own, as in the HTML).
-* ``<stem>.fallbacks.json``: node data marking the nodes of partitions that fell back
-  (1, red) against the others (0).
-
-Open them with ``model-explorer <stem>.json --node_data_paths=<stem>.backends.json,<stem>.fallbacks.json``
-or ``model_explorer.visualize_from_config`` (see docs/report.md).
+``model_explorer.graph_builder``, ``model_explorer.node_data_builder``) from the
+``Report`` alone (no torch, no model_explorer needed to write it): ``<stem>.json``, one
+graph per ATen graph, each compute node labelled with its op in the namespace of its
+module (so Model Explorer folds layers), and two node-data overlays,
+``<stem>.backends.json`` (each node colored by the backend that runs it) and
+``<stem>.fallbacks.json`` (the nodes of partitions that fell back). docs/report.md
+("Model Explorer") says how to open them.
 """
 from __future__ import annotations
 

@@ -2,39 +2,13 @@
 
 Reads only the ``Report`` model. No CDN, no fetch: CSS and JS (``page.css``, ``page.js``
 beside this module), the layout library (dagre, MIT, vendored in ``vendor/``) and the
-report's JSON are inline, so the file works offline and can be mailed.
-
-Per graph, top to bottom:
-
-* **Overview** (arbiter/report/overview.py: drawn in Python, sized in percent so it fits
-  any width): a strip with one box per partition (width by nodes, colored by the backend
-  that runs it, a red mark where it fell back), and one row per module group
-  (``module_groups``: module paths from Dynamo's ``nn_module_stack``, cut at the deepest
-  level with at most ``MAX_GROUPS`` groups, in model order) with a bar of the backends
-  that run its nodes. BERT-base's 12 layers are 19 rows. When one backend runs every node
-  the rows show how the nodes spread over the modules instead, and where the time of a
-  call goes per partition (when timed; else that it was not).
-* **Graph** (laid out in the page by dagre, top to bottom): one box per module group,
-  striped by backend; a click on a box opens it into its submodules and then its ATen
-  nodes (a dashed cluster, whose title click closes it); nodes outside any module are
-  grouped by partition. Wheel or buttons zoom, dragging pans, "fit" fits.
-* Partition and op tables (sortable, in collapsed sections; ``#tables`` in the link opens
-  them). A tensor list is its first data input and how many more (``1x3x224x224 +100``,
-  as in the text report; every tensor in the tooltip). Headers and short cells wrap only
-  between words; long text (module lists, reasons) anywhere.
-
-Several reports (configs) are columns side by side. Backend colors are the backends'
-own (``Backend.color``), the same in every file.
-
-For tests and tools: each partition is ``<g class="partition" data-partition=ID
-data-backend=B>`` with one ``<rect class="partition-box">`` in the overview strip; module
-rows are ``<tr class="module" data-module=PATH>``; the graph's boxes are ``<g class="unit"
-data-unit=KEY>``; the page writes script errors into ``<html data-errors>``, sets
-``data-ready="1"`` when its script finished, and measures itself into ``data-overflow``
-(page width beyond the window, px), ``data-overview-bottom`` (bottom of the first
-overview, px from the top of the window) and ``data-narrow-headers`` /
-``data-narrow-cells`` (the words wider than their header or short cell: wrapped inside
-the word; empty when none).
+report's JSON are inline, so the file works offline and can be mailed. Per graph: the
+overview (overview.py: a strip of partitions, a row per module group), the graph by
+module (laid out in the page by dagre; a box opens into its submodules and ATen nodes),
+then the partition and op tables. Several reports (configs) are columns side by side;
+backend colors are the backends' own (``Backend.color``). docs/report.md ("The HTML
+page") describes the page and the attributes tests and tools read (``data-partition``,
+``data-ready``, ``data-overflow``...).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, Field
 
 from .words import plural, tensor_op_count
-from .precision_model import AccuracyReport  # noqa: F401 - part of the model (GraphReport)
+from .accuracy_model import AccuracyReport  # noqa: F401 - part of the model (GraphReport)
 
 #: ``str(report)``'s rendering (``text.plain``), handed over by arbiter/report/text.py when
 #: it is imported (the package imports it): the renderings import the model, never the

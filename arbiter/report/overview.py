@@ -1,14 +1,14 @@
-"""The overview of one graph on the HTML page (drawn in Python, sized in percent so it fits
-any width), and its module groups.
+"""The overview of one graph on the HTML page, and its module groups.
 
-Several backends: a strip with one box per partition (width by nodes, colored by the
-backend that runs it, a red mark where it fell back) and one row per module group with a
-bar of the backends that run its nodes. One backend for every node: those bars would all
-be one full bar, so the rows show instead how the graph's nodes spread over its modules,
-and a section says where the time goes per partition when the calls were timed (or that
-they were not, and how to time them). Module groups (``module_groups``) are the module
-paths of Dynamo's ``nn_module_stack`` cut at the deepest level with at most
-``MAX_GROUPS`` groups, in model order.
+Drawn in Python, sized in percent so it fits any width. Several backends: a strip with
+one box per partition (width by nodes, colored by the backend that runs it, a red mark
+where it fell back) and one row per module group with a bar of the backends that run
+its nodes. One backend for every node: those bars would all be one full bar, so the rows
+show instead how the graph's nodes spread over its modules, and a section says where the
+time goes per partition when the calls were timed (or that they were not, and how to
+time them). Module groups (``module_groups``) are the module paths of Dynamo's
+``nn_module_stack`` cut at the deepest level with at most ``MAX_GROUPS`` groups, in
+model order.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Counted nouns (``plural``: "1 node", "2 nodes") and counted compute
-(``tensor_op_count``: size arithmetic left out): what the model's own summary shares with the renderings
-(``cells``, ``text``, ``html``), below all of them."""
+"""Counted nouns and counted compute, below the report's model and all its renderings.
+
+``plural`` ("1 node", "2 nodes") and ``tensor_op_count`` (size arithmetic left out): what
+the model's own summary shares with the renderings (``cells``, ``text``, ``html``).
+"""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,5 +1,6 @@
-"""A plan made callable: one lazily compiled ``Piece`` per partition that a backend
-compiles (its chain's links from ``Planner.chain_for`` in the modes its shapes call for,
+"""A plan made callable: a lazily compiled piece per partition, stitched into one graph.
+
+One ``Piece`` per partition that a backend compiles (its chain's links from ``Planner.chain_for`` in the modes its shapes call for,
 ``dynamic.shape_links``, made runnable by ``assemble``), inline (eager) partitions run in
 place, all stitched into one GraphModule (``split.stitch``). ``assemble`` and
 ``new_piece`` serve the loader too (arbiter/deploy/loading.py).

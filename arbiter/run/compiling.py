@@ -1,6 +1,8 @@
-"""Compiling one partition with one backend: the process-wide compile lock, the
-config's ``compile_timeout_s`` (a helper thread), and the persistent-cache entries a
-failed compile was built from evicted."""
+"""Compiling one partition with one backend: the compile lock, the timeout, the eviction.
+
+The process-wide compile lock, the config's ``compile_timeout_s`` (a helper thread), and
+the persistent-cache entries a failed compile was built from evicted.
+"""
 from __future__ import annotations
 
 import contextvars

@@ -1,25 +1,15 @@
 """What an inference graph computes from no input at all, computed once when it compiles.
 
-Transformers set up position indices and masks from ``arange``, ``full`` and ``ones``
-whose sizes the graph fixes: GPT-2's causal mask and position ids, T5's relative-position
-buckets. Those nodes read no placeholder (no input, no weight), so every call computes the
-same values; but they are integer and boolean arithmetic that a backend may refuse
-(OpenVINO holds int64 in 32 bits), and then the graph is cut around them: GPT-2 and T5's
-encoder ran as OpenVINO, eager, OpenVINO, eager, four partitions, where the backend could
-take the whole rest. ``fold_constants`` computes such nodes once with real tensors and
-replaces the values the rest of the graph reads by constants (``get_attr``, as a frozen
-weight), so the partitioner never sees them.
-
-Kept as computed, not folded:
-
-* random ops (``nondeterministic_seeded``), uninitialized memory (``empty*``), mutating
-  ops, ops with several outputs;
-* a value the graph returns, or one a view op reads (its result could be returned): the
-  caller must get a tensor of its own on every call, never the folded constant;
-* past ``MAX_BYTES`` in all (a folded constant lives as long as the compiled graph).
-
-Inference graphs only (training graphs are left as they are); in a symbolic graph what
-depends on a symbolic size reads an input, and stays.
+Nodes that read no placeholder (no input, no weight), such as GPT-2's causal mask and
+position ids or T5's relative-position buckets, give the same values on every call, but
+are integer and boolean arithmetic a backend may refuse (OpenVINO holds int64 in 32
+bits), and the graph was cut around them. ``fold_constants`` computes them once with
+real tensors and the values the rest of the graph reads become constants (``get_attr``,
+as a frozen weight), so the partitioner never sees them. Not folded: random ops,
+``empty*``, mutating ops, ops with several outputs, a value the graph returns or a view
+reads (the caller gets a tensor of its own every call), anything past ``MAX_BYTES`` in
+all, what depends on a symbolic size. Inference graphs only. docs/design.md ("Folded
+set-up").
 """
 from __future__ import annotations
 

@@ -1,31 +1,16 @@
 """Frozen weights, guarded: a compiled inference graph never answers with stale weights.
 
 With ``freeze_weights`` an inference graph hands its parameters and buffers to the
-backends as constants (ONNX initializers, Inductor constants), which they fold and
-prepack: 24-38% faster on ONNX Runtime here (bench/README.md). But Dynamo reuses one
-compiled graph for every module instance of the same class (parameters are graph inputs,
-so its guards pass), and a model's weights can change after the first call
-(``load_state_dict``, an optimizer step, BatchNorm statistics updated in train mode).
-The stitched module still receives the frozen placeholders as arguments on every call, so
-``FrozenGraph`` checks them there:
-
-* the check (``WeightGuard``): each frozen argument's data pointer and version counter,
-  against those of the tensors that were frozen. Any in-place change through autograd's
-  view of the tensor (``p.mul_()``, ``copy_``, ``load_state_dict``, every ``torch.optim``
-  step, BatchNorm's running statistics) bumps the version counter; a different tensor
-  (another instance, a replaced parameter, ``.to()``/``.half()``) has another data
-  pointer, since the frozen tensors are kept alive here and so their memory cannot be
-  reused. Cost: two C attribute reads per weight (about 60 ns each; bench/README.md).
-  Small buffers (``VALUE_CHECK_BYTES``) are also compared, byte for byte, all of them
-  in one numpy comparison (ResNet-50's 106: about 30 us): BatchNorm's eager kernel
-  writes its running statistics without a version bump.
-  Not seen: a write through ``p.data`` (``p.data.mul_()``) to a parameter or a large
-  buffer, which has a version counter of its own; docs/design.md says so.
-* on a change: re-freeze, i.e. build the graph's pieces again around the new weights
-  (the persistent cache keys artifacts by the weights' bytes, so weights seen before are
-  cheap), at most ``refreeze_limit`` times per graph; after that the graph takes its
-  weights as inputs, for good (no constants: always right, one more compile, slower per
-  call). Each event is logged (warning) and kept for the report (``WeightEvent``).
+backends as constants, which they fold and prepack. But Dynamo reuses one compiled graph
+for every module instance of a class, and weights change after the first call
+(``load_state_dict``, an optimizer step, BatchNorm statistics). ``FrozenGraph`` checks,
+on every call, the frozen arguments the stitched module still receives
+(``WeightGuard``: each one's data pointer and version counter against the frozen
+tensor's, which is kept alive; buffers up to ``VALUE_CHECK_BYTES`` also byte for byte,
+in one numpy comparison). On a change it re-freezes (rebuilds the pieces around the new
+weights), at most ``refreeze_limit`` times, then takes the weights as inputs for good;
+each event is logged and kept for the report (``WeightEvent``). Not seen: a write
+through ``p.data`` to a parameter or a large buffer. docs/design.md ("Frozen weights").
 """
 from __future__ import annotations
 

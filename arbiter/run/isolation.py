@@ -1,40 +1,17 @@
-"""Keep torch's process-global tracing state to the thread that traces, while a piece
-compiles.
+"""Keep torch's process-global tracing state to the thread that traces, while a piece compiles.
 
-Pieces compile on their first call, so in a process serving several threads one thread
-may export a partition (torch.export, make_fx) while others run compiled graphs. In
-torch 2.13 tracing changes state every thread sees:
-
-* ``torch.compiler._is_exporting_flag`` and ``_is_compiling_flag`` (module globals): in
-  another thread, each call of a Dynamo-compiled graph then enters
-  ``fx_traceback.annotate`` (eval_frame.py), which adds and deletes a key of the global
-  ``fx_traceback.current_meta`` that the exporting thread is swapping node by node: the
-  other thread got ``KeyError: 'custom'`` (8 threads making the first call under
-  ``cpu_all``, 1 round in 9 at first, 1 in 1 with a 12-partition model here);
-* ``torch.nn.Module.__call__`` and ``__getattr__``, and functions marked ``torch.fx.wrap``,
-  patched by ``torch.fx``'s tracer (``_Patcher``): another thread's module calls and
-  attribute reads went through the exporting thread's tracer (``module_call_wrapper``,
-  ``_AttrProxy``), where healthy partitions failed with errors from the tracer's fake
-  tensors.
-
-* ``torch.fx._symbolic_trace._is_fx_tracing_flag``: another thread's call of a
-  Dynamo-compiled function raised "Detected that you are using FX to symbolically trace
-  a dynamo-optimized function" when the tracing thread had not also set the compiling
-  flag.
-
-``tracing_in_this_thread()``, entered around a backend's compile by the thread running
-it (and around AOTAutograd's tracing in ``Arbiter.__call__``: with 8 racing first calls
-Dynamo compiles the frame in several threads while others already run it), makes those visible to that thread only where it can: ``torch.compiler.is_exporting``
-answers False in other threads while it is active (unless the flag was already set when
-it began: someone else's export), and every patch ``_Patcher`` makes meanwhile
-dispatches by thread (the tracing thread gets the patched function, the others the
-original). The FX tracing flag is a module global no function reads through an
-attribute, so it stays visible; ``torch.compiler.is_compiling`` answers True to other
-threads while it is set, so that ``is_fx_symbolic_tracing()`` stays false for them, as
-it already was during an export (which sets both flags). Re-entrant, and several threads may hold it (a compile abandoned by
-``compile_timeout_s`` keeps running in its own). What it cannot cover: Dynamo's own tracing
-before it calls arbiter (it sets the compiling flag), tracing by code other than
-arbiter's, and state other libraries keep globally. Where torch's private names it relies on are missing, it does nothing.
+Pieces compile on their first call, so one thread may export a partition while others
+run compiled graphs, and torch 2.13's tracers change state every thread sees: the
+exporting flag (another thread's Dynamo-compiled call then raced on
+``fx_traceback.current_meta``: ``KeyError: 'custom'``), ``torch.nn.Module`` methods and
+``torch.fx.wrap`` functions patched by the FX tracer, the FX tracing flag.
+``tracing_in_this_thread()``, entered around a backend's compile and AOTAutograd's
+tracing, makes ``torch.compiler.is_exporting`` false in other threads (unless someone
+else's export had set it) and dispatches every patch made meanwhile by thread; the FX
+flag stays global, so ``is_compiling`` answers True to other threads while it is set.
+Re-entrant, and several threads may hold it (a compile abandoned by ``compile_timeout_s``
+runs on). Where the private torch names it relies on are missing, it does nothing.
+docs/robustness.md ("Racing first calls") has the failures seen and the limits.
 """
 from __future__ import annotations
 

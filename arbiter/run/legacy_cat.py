@@ -1,18 +1,13 @@
 """``cat`` without the 1-D empty tensors it skips by a legacy rule.
 
-``torch.cat`` ignores a tensor of shape ``(0,)`` whatever the other inputs' rank: the
-first key/value concatenation of transformers' ``DynamicCache`` (GPT-2's, LLaMA's and
-every decoder's caches start empty) is ``cat([empty(0), key], -2)``. ONNX's and
-OpenVINO's Concat take no such input (OpenVINO: "Axis -2 out of the tensor rank range
-[-1, 0]"), so OpenVINO's validator refused these cats and a four-layer LLaMA-style model
-ran as nine partitions, OpenVINO and eager in turn, 0.86-0.95x eager's speed.
-
-``drop_legacy_empty`` rewrites such a ``cat`` to one of the other inputs only, which
-computes the same values: when at least one input is left, all left have the result's
-dtype (the skipped tensor takes part in type promotion, so a float64 ``(0,)`` beside
-float32 keys makes float64: that cat is left as it is), and a single input left becomes a
-contiguous copy (``cat`` returns a new tensor, never a view of its input). Static shapes
-only (a symbolic size that might be 0 is not judged).
+``torch.cat`` ignores a tensor of shape ``(0,)`` whatever the other inputs' rank, and a
+decoder's key/value cache starts so (``cat([empty(0), key], -2)``); ONNX's and
+OpenVINO's Concat take no such input, so the graph was cut around those cats.
+``drop_legacy_empty`` rewrites such a ``cat`` to its other inputs only, which computes
+the same values: when all inputs left have the result's dtype (the skipped tensor takes
+part in type promotion: a float64 ``(0,)`` beside float32 keys makes float64, and that
+cat is left as it is); a single input left becomes a contiguous copy (``cat`` never
+returns a view). Static shapes only. docs/design.md ("A cache's first cat").
 """
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""What happened to one compiled graph: its plan, its pieces' records (``PieceRecord``:
-what ran, its fallbacks and checks), the policy's outcome, its frozen weights and their
-changes. Kept by the ``Arbiter``, updated by the runtime (``piece`` falls back,
-``measured`` installs a choice, ``freeze`` re-freezes), read by the report."""
+"""What happened to one compiled graph (``GraphRecord``) and its pieces (``PieceRecord``).
+
+Its plan, its pieces' records (what ran, its fallbacks and checks), the policy's
+outcome, its frozen weights and their changes. Kept by the ``Arbiter``, updated by the
+runtime (``piece`` falls back, ``measured`` installs a choice, ``freeze`` re-freezes),
+read by the report.
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence

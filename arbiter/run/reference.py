@@ -1,20 +1,15 @@
 """A float64 reference for judging a difference from eager that its tolerance rejects.
 
-Eager's own result carries rounding error: a float16 encoder of a few layers differs from
-its float64 value by more than float16's tolerance (rtol 1e-2, atol 1e-3), and a backend
-that computes inside in float32 (Inductor on CUDA does) is *closer* to the true value than
-eager while differing from eager by more than the tolerance (seen on an H100:
-bench/README.md). So a failed elementwise comparison is judged again, the way PyTorch's
-own accuracy checks judge a compiled model (``torch._dynamo.utils.same`` with an fp64
-reference): the partition's ATen graph runs in float64 on the same inputs, and each
-floating output that failed passes when the backend's root-mean-square error against it
-is at most ``RMS_FACTOR`` times eager's and its largest error at most ``MAX_FACTOR``
-times eager's largest (plus the dtype's atol). A wrong kernel is far outside both.
-
-The reference runs only when the elementwise check failed, once per check, through an
-interpreter that casts floating inputs, weights and dtype arguments to float64 (no copy
-of the module). If it cannot run (an op without float64, memory), the failure stands and
-says so.
+Eager's own result carries rounding error (a float16 encoder of a few layers differs from
+its float64 value by more than float16's tolerance), and a backend that computes inside
+in float32 can be closer to the true value than eager while differing from eager by more
+than the tolerance. So a failed elementwise comparison is judged again, as PyTorch's
+``torch._dynamo.utils.same`` judges with an fp64 reference: the partition's ATen graph
+runs in float64 on the same inputs (an interpreter casting floating inputs, weights and
+dtype arguments; no copy of the module), and a failed floating output passes when its
+RMS error against it is at most ``RMS_FACTOR`` times eager's and its largest error at
+most ``MAX_FACTOR`` times eager's (plus the dtype's atol). If the reference cannot run,
+the failure stands and says so. docs/robustness.md ("verify").
 """
 from __future__ import annotations
 

@@ -6,21 +6,10 @@ runs its partitions one after another, so each backend should get the whole budg
 while it runs and leave the cores alone while the others run. This module decides the
 budget once per process (``Budget``) and hands it to every backend through
 ``Backend.configure_resources(budget)``; what each backend says it applied is the
-``settings in force`` that ``Arbiter.report()`` shows under ``resources``.
-
-What can change when (details and measurements in docs/resources.md):
-
-* torch intra-op threads (``torch.set_num_threads``): any time; set here. Inductor's CPU
-  kernels read it when they are compiled (``cpp.threads = -1``), so it reaches them too.
-* ``OMP_WAIT_POLICY`` (whether torch's OpenMP threads spin): read by libgomp when torch
-  is imported; it can only be reported here, never changed.
-* Process-wide arenas of other backends (ONNX Runtime's shared arena, used only by the
-  sessions arbiter makes): before their first session only. So the first budget applied
-  in a process stays; a later config asking for other threads or arenas gets a warning
-  naming each setting that could not change. ``spin`` is each config's own: backends
-  apply it per compiled model (``Backend.use_budget``), never process-wide.
-
-No backend is named here: backends say what they did, in their own words.
+``settings in force`` that ``Arbiter.report()`` shows under ``resources``. The first
+budget of a process stays (``OMP_WAIT_POLICY`` and shared arenas cannot change later);
+a later config asking otherwise gets a warning, except for ``spin``, each config's own.
+No backend is named here. docs/resources.md ("What can change when") has the table.
 """
 from __future__ import annotations
 

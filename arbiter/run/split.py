@@ -1,21 +1,15 @@
-"""Graph surgery: a plan's partitions become standalone graphs, and one stitched graph
-calls them.
+"""Graph surgery: a plan's partitions become standalone graphs, one stitched graph calls them.
 
 Each non-inline partition becomes its own GraphModule taking the values that flow in
 (constants baked in as attributes) and returning, as a tuple, the values used outside it.
 The stitched graph keeps the original placeholders and output, runs inline (eager)
 partitions' ATen nodes in place, and calls every other partition through one
-``call_function`` node followed by ``getitem``s: FX generates straight-line Python for
-it, so stitching costs one Python call per partition and nothing per eager node. A graph
-that is nothing but one partition's call skips the GraphModule (``Direct``): its call
-machinery costs as much as a small partition's run.
-
-Symbolic sizes cross boundaries as ints (SymInt placeholders, and the size arithmetic
-Dynamo leaves as ``operator.mul`` nodes, which run inline). A partition reads what it can
-from its own tensor inputs instead (``aten.sym_size.int``), so exporters see one named
-dimension per symbol rather than an int input they must relate to it; a symbol no tensor
-input carries bare (only inside ``s0*s1``) comes in as the graph's own SymInt input, the
-one whose raw expression is that symbol (Inductor binds symbols by it).
+``call_function`` node followed by ``getitem``s: one Python call per partition, nothing
+per eager node. A graph that is one partition's call skips the GraphModule (``Direct``).
+Symbolic sizes: a partition reads them from its own tensor inputs
+(``aten.sym_size.int``), so exporters see one named dimension per symbol; a symbol no
+tensor input carries bare comes in as the graph's own SymInt input (docs/design.md,
+"Dynamic shapes").
 """
 from __future__ import annotations
 

@@ -1,23 +1,15 @@
 """Measuring this machine's calibration (policy `calibrated`; plan/predict.py reads it).
 
-Per backend, small ATen graphs, one op class each, are compiled with the backend's own
-``compile`` (the config's options; eager runs them in place) and timed: the minimum of a
-few samples of at least ``SAMPLE_S`` each, one backend after the other (on a shared
-machine noise only adds; ``time_us`` says why not interleaved). Weights
-are constants of the graph, as a frozen model's are. ``CELLS`` lists them, most telling
-first: the per-call cost (a chain of 8 tiny ops), a tiny, a small and a large linear
-layer (the tiny one says what a tiny graph's matmuls cost: below the small one the line
-through it and the large one put a fixed 18 us on each of ONNX Runtime's matmuls on an
-Intel Xeon, which runs the seed MLP's three in 8 us whole), the large sizes of the other classes,
-then a small convolution, and last two whole blocks (``BLOCKS``: a transformer encoder
-layer, a ResNet bottleneck), whose time over their op-by-op prediction is the backend's
-factor for partitions of that kind (plan/predict.py). The cells are taken in that order for
-every backend before the next cell, so a budget that runs out leaves every backend with
-the cells that decide most.
-
-A cell a backend cannot take whole (its manifest, through the same partitioner as a
-plan) or fails to compile is recorded as refused: its class is priced by the static
-table there. What the budget left untried is tried the next time a calibration is needed.
+Per backend, small ATen graphs, one op class each (``CELLS``, most telling first: the
+per-call cost, linear layers from tiny to large, the other classes, a convolution), and
+two whole blocks (``BLOCKS``: a transformer encoder layer, a ResNet bottleneck, whose
+time over their op-by-op prediction is the backend's factor for that kind) are compiled
+with the backend's own ``compile`` and timed: the minimum of a few samples of at least
+``SAMPLE_S``, one backend after the other (``time_us`` says why not interleaved). Every
+backend gets a cell before the next cell, so a budget that runs out leaves each with the
+cells that decide most; what it left untried is tried the next time. A cell a backend
+cannot take whole or fails to compile is refused: the static table prices that class
+there. docs/policies.md ("`calibrated`") lists the cells and why each is there.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The report's accuracy section (config `accuracy`, docs/precision.md): the bound, every
-lower-precision candidate's measures, the per-module search, the drift watch. Part of
-``model.GraphReport``."""
+"""The model of the report's accuracy section (config `accuracy`), part of ``GraphReport``.
+
+The bound, every lower-precision candidate's measures, the per-module search, the drift
+watch (docs/precision.md).
+"""
 from __future__ import annotations
 
 from typing import Optional
