@@ -15,6 +15,7 @@ import torch
 
 from ..config import Config, VerifyOptions
 from ..errors import ArbiterError
+from ..registry import Backend
 from ..run.build import entry_of, new_piece
 from ..run.chain import Entry, Link, Mode
 from ..run.dynamic import Checked
@@ -33,7 +34,7 @@ class Preloaded(Entry):
 
     mode = Mode.SAVED
 
-    def __init__(self, backend: Any, fn: Callable, precision: str = ""):
+    def __init__(self, backend: Backend, fn: Callable, precision: str = ""):
         super().__init__(backend)
         self._precision = precision
         self._fn = fn
@@ -58,7 +59,7 @@ def signature_of(saved: SavedManifest, path: str) -> Signature:
                            f"({type(exc).__name__}: {exc})") from None
 
 
-def preload(backend: Any, p: SavedPartition, files: dict[str, bytes], gm: torch.fx.GraphModule,
+def preload(backend: Backend, p: SavedPartition, files: dict[str, bytes], gm: torch.fx.GraphModule,
             opened: Opened) -> Preloaded:
     """Partition ``p``'s saved artifact loaded by ``backend`` (raises what it raises); a
     symbolic one checked per call as when it was compiled (run/dynamic.py)."""

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
 
 from ..errors import describe
-from ..run.chain import Mode
+from ..run.chain import Entry, Mode
 from .archive import write
 from .format import (SavedArtifact, SavedLink, SavedManifest, SavedPartition, SavedPlan,
                      versions)
@@ -79,7 +80,8 @@ def save(program: Any, source: Any, path: str | os.PathLike) -> None:
              len(parts), sum(p.artifact is not None for p in parts), len(shared.found))
 
 
-def _artifact(pid: int, entry: Any, fn: Any, gm: Any, shared: SharedWeights,
+def _artifact(pid: int, entry: Entry, fn: Callable, gm: torch.fx.GraphModule,
+              shared: SharedWeights,
               files: dict[str, bytes]) -> tuple[Optional[SavedArtifact], Optional[str]]:
     """Partition ``pid``'s artifact (its files added to ``files``), or why it has none."""
     if entry.mode is Mode.PER_SHAPE:

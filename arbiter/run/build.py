@@ -37,7 +37,7 @@ def instantiate(config: Config, name: str) -> Backend:
     return backend
 
 
-def entry_of(link: Link, backend: Any, *, limit: int, tolerances: Any = None,
+def entry_of(link: Link, backend: Backend, *, limit: int, tolerances: Any = None,
              graph_label: str = "") -> Entry:
     """The runnable entry of ``link`` around ``backend`` (the backend it names):
     ``limit``: shapes.max_specializations (per shape), ``tolerances``: the second-shape
@@ -51,7 +51,7 @@ def entry_of(link: Link, backend: Any, *, limit: int, tolerances: Any = None,
     raise ValueError(f"{link.label}: a {link.mode.value} entry is made by its loader")
 
 
-def assemble(links: Sequence[Link], backends: dict[str, Any], *, limit: int,
+def assemble(links: Sequence[Link], backends: dict[str, Backend], *, limit: int,
              tolerances: Any = None, graph_label: str = "") -> list[Entry]:
     """The runnable chain of ``links``; ``backends``: name -> backend (variants by their
     own names)."""

@@ -220,7 +220,7 @@ class Piece:
                      self.record.partition_id, who, describe(exc))
             raise users from exc
 
-    def _nonfinite_call(self, backend: Any, args: Sequence[Any]) -> Any:
+    def _nonfinite_call(self, backend: Entry, args: Sequence[Any]) -> Any:
         """A call with NaN or inf in an input, on a backend that computes some of the
         partition's ops unlike eager there (``exact_nonfinite: guard``): eager ATen runs
         it; the backend stays for the next call."""
