@@ -26,14 +26,14 @@ LAYERS = [
     ("arbiter.registry",),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),
-    ("arbiter.config", "arbiter.config_options"),
+    ("arbiter.config",),
     ("arbiter.backends",),
     ("arbiter.run",),
     ("arbiter.measure",),
     ("arbiter.report",),
     ("arbiter.arbiter", "arbiter.dynamo", "arbiter.dryrun"),
     ("arbiter.deploy",),
-    ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),
+    ("arbiter.probe", "arbiter.config.doc", "arbiter.config.schema"),
     ("arbiter.cli",),
 ]
 

@@ -10,9 +10,9 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator,
                       model_validator)
 
-from .errors import require_known
-from .manifest import DTYPES
-from .registry import backend_names
+from ..errors import require_known
+from ..manifest import DTYPES
+from ..registry import backend_names
 
 class MeasureOptions(BaseModel):
     """How policy `measure` times candidates (docs/policies.md)."""
