@@ -7,7 +7,7 @@ through the backend, and a ``Finding`` is kept: the backend, its version, the op
 dtype, which output (or every output) and what differed. From then on the planner refuses
 that op, in that dtype, on that backend (and only the nodes that read the wrong output),
 with the finding as its reason (``plan.capability.CapabilityTable``), in this process and,
-through the persistent cache (arbiter/cache.py, kind ``finding``), in later ones. A new
+through the persistent cache (arbiter/cache/, kind ``finding``), in later ones. A new
 backend version starts over: its findings are keyed by it.
 
 When no single node reproduces the difference (it comes from the nodes together), the

@@ -253,7 +253,7 @@ class Backend:
         """
         return {}
 
-    # -- the persistent cache (arbiter/cache.py) --------------------------------------
+    # -- the persistent cache (arbiter/cache/) ----------------------------------------
     #: set by ``Arbiter`` when its config enables the cache: a ``cache.Cache``, or None.
     artifact_cache: Optional[Any] = None
 

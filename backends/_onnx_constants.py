@@ -14,7 +14,7 @@ the process's life besides the session's own copy.
   file), and the model's metadata (``META_KEY``) records which: initializer -> the
   constant's position among ``gm``'s ``get_attr`` nodes, ``"t:"`` before a transpose.
   Positions, not names: the persistent cache's key holds the graph with each constant's
-  bytes at its position (arbiter/cache.py), so a model found under that key refers to
+  bytes at its position (arbiter/cache/), so a model found under that key refers to
   the same bytes in any process.
 * ``resolve(model_bytes, gm)``: those constants again, {initializer: tensor}, for
   ``SessionOptions.add_external_initializers`` (ONNX Runtime copies them in while it

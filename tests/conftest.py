@@ -131,7 +131,7 @@ def write_manifest(directory: Path, name: str, ops: list[str], *,
 
 @pytest.fixture(scope="session", autouse=True)
 def _arbiter_cache_dir(tmp_path_factory):
-    """Every test writes the persistent cache (arbiter/cache.py) under a temporary
+    """Every test writes the persistent cache (arbiter/cache/) under a temporary
     directory, never the user's ~/.cache/torch-arbiter."""
     import os
 

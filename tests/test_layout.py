@@ -22,7 +22,7 @@ LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.loadavg", "arbiter.ops", "arbiter.shapes",
      "arbiter.yamlsrc",
      "arbiter.decompose", "arbiter.decompose_fused"),
-    ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
     ("arbiter.registry",),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),

@@ -1,4 +1,4 @@
-"""The cache's directory (arbiter/cache.py): whether it can be trusted to hold entries
+"""The cache's directory (arbiter/cache/): whether it can be trusted to hold entries
 that are run as code (``untrusted``), and the entry files it holds, unread (``entries``:
 what ``arbiter cache`` lists and ``Cache.shrink`` evicts from)."""
 from __future__ import annotations
