@@ -30,7 +30,7 @@ One YAML file per backend (``capabilities/<backend>.yaml``)::
 
 Lookup order for a node's op: the exact overload, then the op without overload, then
 ``"*"``. What data cannot say, a backend says in code with a validator (see
-``arbiter.registry.Backend.validators``; for patterns ``Backend.check_pattern``).
+``arbiter.backend.Backend.validators``; for patterns ``Backend.check_pattern``).
 ``verified:`` says how an entry is known: ``declared`` (by the backend's own software),
 ``built`` (``arbiter probe --build-only``: converted and built, not run; ``built_dtypes``)
 or ``probed`` (run and compared with eager; ``probed_dtypes``). ``training_dtypes`` (written

@@ -23,7 +23,7 @@ LAYERS = [
      "arbiter.yamlsrc",
      "arbiter.decompose", "arbiter.decompose_fused"),
     ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
-    ("arbiter.registry",),
+    ("arbiter.backend", "arbiter.registry"),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),
     ("arbiter.config",),

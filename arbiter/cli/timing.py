@@ -83,7 +83,7 @@ def _calls(fn: Callable[[], object], k: int) -> list[float]:
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5, round_s: float = 0.5,
                 max_calls: int = 2000) -> tuple[dict[str, Timed], Load]:
     """Time each of ``fns`` (warmed up already) in ``rounds`` interleaved rounds."""
-    from ..registry import usable_cpus
+    from ..backend import usable_cpus
 
     before = load_average()
     others = other_busy_processes()

@@ -29,11 +29,11 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
+from ..backend import Backend
 from ..decompose import NotDecomposable, for_names
 from ..findings import findings
 from ..ops import (DATA_MOVES, is_getitem, is_mutating, is_random, op_name, packet_name,
                   produces_tensor, random_depends_on_args, tensors_in, value_dtypes)
-from ..registry import Backend
 from ..shapes import REASON as SHAPES_REASON
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
