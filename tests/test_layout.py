@@ -21,7 +21,7 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.loadavg", "arbiter.ops", "arbiter.shapes",
      "arbiter.yamlsrc",
-     "arbiter.decompose", "arbiter.decompose_fused"),
+     "arbiter.decompose"),
     ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
     ("arbiter.backend", "arbiter.registry"),
     ("arbiter.plan.capability",),
