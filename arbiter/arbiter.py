@@ -43,7 +43,7 @@ from .report import Report
 from .report.assemble import assemble
 from .report.build import SHAPE_EAGER_WARN, shape_eager_share
 from .run.build import Builder
-from .run.first_use import FirstUse
+from .run.checks.first_use import FirstUse
 from .run.fold import fold_constants
 from .run.legacy_cat import drop_legacy_empty
 from .run.freeze import FrozenGraph, placeholder_positions

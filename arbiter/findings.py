@@ -1,8 +1,8 @@
 """What first-use checks found wrong: kept, so that no process tries it again.
 
 A partition holding an (op, dtype) that no probe verified is compared with eager ATen on
-its first call (config ``verify: {mode: unverified}``, the default; arbiter/run/first_use.py).
-When it differs, the op that differs is found by running each unverified node alone
+its first call (config ``verify: {mode: unverified}``, the default;
+arbiter/run/checks/first_use.py). When it differs, the op that differs is found by running each unverified node alone
 through the backend, and a ``Finding`` is kept: the backend, its version, the op, the
 dtype, which output (or every output) and what differed. From then on the planner refuses
 that op, in that dtype, on that backend (and only the nodes that read the wrong output),

@@ -1,4 +1,4 @@
-"""Checked before trusted (verify mode `unverified`, the default; arbiter/run/first_use.py).
+"""Checked before trusted (verify mode `unverified`, the default; arbiter/run/checks/first_use.py).
 
 A partition holding an (op, dtype) that no probe verified is compared with eager on its
 first call on a backend; a difference demotes it, is traced to the op and output that
@@ -149,7 +149,7 @@ def _chain(x):
 def _computes_in_float64(scale):
     """A backend that computes the graph in float64 and rounds once (then scales)."""
     def compile(self, gm, example_inputs):
-        from arbiter.run.reference import float64_outputs
+        from arbiter.run.checks.reference import float64_outputs
 
         def run(*args):
             return [(o * scale).to(a.dtype) for o, a in zip(float64_outputs(gm, args), args)]

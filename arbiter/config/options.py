@@ -99,7 +99,7 @@ class VerifyOptions(BaseModel):
         "unverified", description="`unverified` (the default): check the first call on a "
         "backend of each partition that holds an (op, dtype) no probe verified for the way "
         "the graph uses it (arbiter/plan/evidence.py), or several compute nodes (compiled "
-        "together: no probe ran that; arbiter/run/first_use.py); a failure demotes the "
+        "together: no probe ran that; arbiter/run/checks/first_use.py); a failure demotes the "
         "partition and "
         "is kept (the op is refused on that backend from then on, in later processes too: "
         "arbiter/findings.py); `first`: check every partition's first call; `every`: every "
@@ -108,8 +108,8 @@ class VerifyOptions(BaseModel):
                          "(the first call of each compiled backend included)")
     tolerances: dict[str, Tolerance] = Field(
         default_factory=dict, description="dtype name -> {rtol, atol}, overriding the "
-        "defaults of arbiter.run.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, atol 1e-5); "
-        "integer and bool outputs must be equal")
+        "defaults of arbiter.run.checks.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, "
+        "atol 1e-5); integer and bool outputs must be equal")
 
     @field_validator("tolerances")
     @classmethod

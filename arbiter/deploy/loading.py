@@ -34,7 +34,7 @@ from ..run.piece import Piece
 from ..run.record import Fallback, PieceRecord
 from ..run.resources import apply as apply_resources
 from ..run.split import extract, stitch
-from ..run.verify import compare
+from ..run.checks.verify import compare
 from .archive import Archive
 from .program import Deployed, Program
 from .report import loaded_report

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..run.verify import compare, uniform_tolerances
+from ..run.checks.verify import compare, uniform_tolerances
 
 
 @dataclass

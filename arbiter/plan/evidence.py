@@ -11,7 +11,7 @@ dtypes the probe never tried, an op with no entry of its own (a pattern's node),
 every entry when the probe ran with another torch release or backend version than this
 process has, or on another device than the node's (the shipped probes ran on CPU), is
 *unverified*: with ``verify: {mode: unverified}`` (the default) the partition holding it
-is compared with eager ATen on its first call (arbiter/run/first_use.py).
+is compared with eager ATen on its first call (arbiter/run/checks/first_use.py).
 
 A backend's decompositions are judged on what the backend gets: the caller passes the
 graph after ``decompose.for_backend``.

@@ -26,7 +26,7 @@ from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_getitem, op_name
 from ..registry import Backend, get_backend_class
-from ..run.verify import compare
+from ..run.checks.verify import compare
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_getitem
 from ..registry import Backend
-from ..run.verify import Comparison, check_meta, compare, output_specs
+from ..run.checks.verify import Comparison, check_meta, compare, output_specs
 from .nonfinite import probe_nonfinite
 from .sampling import quiet_warnings
 

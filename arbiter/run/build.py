@@ -16,7 +16,7 @@ from ..config import Config, VerifyOptions
 from ..plan.partition import Plan
 from ..plan.planner import Planner
 from .dynamic import chain_labels, shape_chain
-from .first_use import FirstUse
+from .checks.first_use import FirstUse
 from .piece import Piece, PieceRecord
 from .split import extract, stitch
 

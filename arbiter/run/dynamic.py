@@ -39,7 +39,7 @@ from ..ops import all_finite, output_values
 from ..registry import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
                       inputs_at, second_assignment, shape_env_of, tied_groups)
-from .verify import compare
+from .checks.verify import compare
 
 log = logging.getLogger(__name__)
 

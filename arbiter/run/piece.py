@@ -29,12 +29,12 @@ from ..config import VerifyOptions
 from ..errors import describe
 from ..ops import is_random, output_values
 from ..registry import Backend
-from .call_checks import IndexGuard, all_finite, restore, snapshot
-from .checking import PieceChecks
+from .checks.calls import IndexGuard, all_finite, restore, snapshot
+from .checks.first_use import FirstUse
+from .checks.piece_checks import PieceChecks
+from .checks.verify import check_meta, output_specs
 from .compiling import compile_for, compile_lock, evict
-from .first_use import FirstUse
 from .record import Fallback, PieceRecord
-from .verify import check_meta, output_specs
 
 log = logging.getLogger(__name__)
 

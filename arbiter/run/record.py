@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
-from .first_use import FirstUseCheck
+from .checks.first_use import FirstUseCheck
 from .freeze import WeightEvent
 from .owner import UNKNOWN, Owner
 
@@ -47,7 +47,7 @@ class PieceRecord:
     # inf inputs, and the calls that therefore ran in eager (an input held NaN or inf)
     nonfinite_ops: list[str] = field(default_factory=list)
     nonfinite_calls: int = 0
-    # verify `unverified`: each backend's first-use check (run/first_use.py)
+    # verify `unverified`: each backend's first-use check (run/checks/first_use.py)
     first_use: list[FirstUseCheck] = field(default_factory=list)
 
 

@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..ops import all_finite as finite
-from ..ops import tensors_in
+from ...ops import all_finite as finite
+from ...ops import tensors_in
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log
 
@@ -102,7 +102,7 @@ class IndexGuard:
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule) -> Optional["IndexGuard"]:
-        from ..ops import op_name
+        from ...ops import op_name
 
         placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes
                                                    if n.op == "placeholder")}

@@ -11,12 +11,12 @@ from typing import Any, Optional
 
 import torch
 
-from ..config import VerifyOptions
-from ..errors import describe
-from .call_checks import restore, same_bits, shared_buffers
-from .compiling import compile_lock
+from ...config import VerifyOptions
+from ...errors import describe
+from ..compiling import compile_lock
+from ..record import PieceRecord
+from .calls import restore, same_bits, shared_buffers
 from .first_use import FirstUse, FirstUseCheck
-from .record import PieceRecord
 from .reference import judge_against_float64
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log

@@ -31,13 +31,13 @@ import torch.fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..cache import fingerprint
-from ..errors import describe
-from ..ops import op_name
-from ..findings import ALL_OUTPUTS, PARTITION_OP, Finding, findings, new_finding
-from ..plan.evidence import Unverified, compute_nodes, manifest_owner, node_dtypes, \
+from ...cache import fingerprint
+from ...errors import describe
+from ...ops import op_name
+from ...findings import ALL_OUTPUTS, PARTITION_OP, Finding, findings, new_finding
+from ...plan.evidence import Unverified, compute_nodes, manifest_owner, node_dtypes, \
     principal_dtype, unverified
-from .isolation import tracing_in_this_thread
+from ..isolation import tracing_in_this_thread
 from .verify import compare
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class FirstUse:
         be run alone: that is not evidence against it)."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from ..decompose import for_backend
+        from ...decompose import for_backend
 
         # tensors become the graph's inputs; sizes (SymInts in a symbolic graph) constants
         tensors = [a for a in node.all_input_nodes if isinstance(values[a], torch.Tensor)]
