@@ -19,7 +19,7 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 
 #: Low to high. A module may import its own layer (no cycles) and the ones below.
 LAYERS = [
-    ("arbiter._version", "arbiter.errors", "arbiter.loadavg", "arbiter.ops", "arbiter.shapes",
+    ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes",
      "arbiter.yamlsrc",
      "arbiter.decompose"),
     ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..loadavg import load_average
+from ..measure.loadavg import load_average
 from ..report.cells import plural
 
 #: a machine is too busy to time when its load average per usable CPU passes this
