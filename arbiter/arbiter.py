@@ -30,7 +30,7 @@ from .cache import from_options as cache_from_options
 from .config import Config, ConfigLike, VerifyOptions, load_config
 from .decompose import split_dropout
 from .errors import ConfigError
-from .findings import findings
+from .plan.findings import findings
 from .measure.calibration import Calibrations
 from .measure.graph import GraphToMeasure, MeasuredGraph
 from .ops import op_name

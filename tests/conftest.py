@@ -146,11 +146,11 @@ def _arbiter_cache_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _forget_findings():
-    """What a test's first-use checks found (arbiter/findings.py: process-wide, and in
+    """What a test's first-use checks found (arbiter/plan/findings.py: process-wide, and in
     the session's cache) does not reach the next test, whose backends of the same name
     may compute otherwise."""
     yield
-    from arbiter.findings import findings
+    from arbiter.plan.findings import findings
 
     findings().forget()
 

@@ -2,7 +2,7 @@
 
 A partition holding an (op, dtype) that no probe verified is compared with eager on its
 first call on a backend; a difference demotes it, is traced to the op and output that
-differ, and is kept (arbiter/findings.py) so that the planner refuses it from then on, in
+differ, and is kept (arbiter/plan/findings.py) so that the planner refuses it from then on, in
 this process and in the next. A probed op alone is not checked; several ops compiled
 together are, whatever their probes said. Test backends here declare
 their ops (``verified: declared``) unless a manifest says otherwise.

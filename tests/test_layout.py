@@ -22,7 +22,7 @@ LAYERS = [
     ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes",
      "arbiter.yamlsrc",
      "arbiter.decompose"),
-    ("arbiter.manifest", "arbiter.cache", "arbiter.findings"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.plan.findings"),
     ("arbiter.backend", "arbiter.registry"),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),

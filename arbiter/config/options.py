@@ -102,7 +102,7 @@ class VerifyOptions(BaseModel):
         "together: no probe ran that; arbiter/run/checks/first_use.py); a failure demotes the "
         "partition and "
         "is kept (the op is refused on that backend from then on, in later processes too: "
-        "arbiter/findings.py); `first`: check every partition's first call; `every`: every "
+        "arbiter/plan/findings.py); `first`: check every partition's first call; `every`: every "
         "`every_n` calls; `off`: trust the manifests' declarations, unchecked")
     every_n: StrictInt = Field(100, ge=1, description="with mode `every`: check one call in N "
                          "(the first call of each compiled backend included)")
