@@ -1,7 +1,8 @@
-"""The config's option blocks (``measure:``, ``calibration:``, ``cache:``, ``verify:``,
-``accuracy:``, ``shapes:``, ``resources:``): each a pydantic model that ``Config`` (config.py)
-holds under its key. Kept apart from ``Config`` and its loading so that each file holds
-one idea; ``arbiter.config`` re-exports them.
+"""The config's option blocks, each a pydantic model that ``Config`` holds under its key.
+
+The blocks: ``measure:``, ``calibration:``, ``cache:``, ``verify:``, ``accuracy:``,
+``shapes:``, ``resources:``. Kept apart from ``Config`` and its loading (the package's
+``__init__``) so that each file holds one idea; ``arbiter.config`` re-exports them.
 """
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Checks around one call of a compiled backend: non-finite inputs (``exact_nonfinite:
-guard``), inputs a backend wrote into (copies taken before the call, written back), and
-output buffers a second call reuses."""
+"""Checks around one call of a compiled backend.
+
+Non-finite inputs (``exact_nonfinite: guard``), inputs a backend wrote into (copies
+taken before the call, written back), and output buffers a second call reuses.
+"""
 from __future__ import annotations
 
 import logging

@@ -1,8 +1,10 @@
-"""A piece's accuracy checks against eager ATen: which calls are checked (config
-``verify``: ``every_n``, ``first``), a checked call judged (inputs written, buffers
-reused, numbers), and verify mode ``unverified``'s first-use checks (first_use.py)
-planned and recorded. ``run.piece.Piece`` compiles, runs and demotes; this decides and
-judges, and tells the piece what failed."""
+"""A piece's accuracy checks against eager ATen: which calls are checked, and how.
+
+Which calls are checked (config ``verify``: ``every_n``, ``first``), a checked call
+judged (inputs written, buffers reused, numbers), and verify mode ``unverified``'s
+first-use checks (first_use.py) planned and recorded. ``run.piece.Piece`` compiles, runs
+and demotes; this decides and judges, and tells the piece what failed.
+"""
 from __future__ import annotations
 
 import logging
