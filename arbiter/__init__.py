@@ -28,7 +28,7 @@ _NAMES = {
     "ArbiterError": "errors", "ConfigError": "errors", "ManifestError": "errors",
     "UnknownBackendError": "errors", "UnknownOpError": "errors",
     "Policy": "plan.policy", "register_policy": "plan.policy",
-    "Backend": "registry", "backend_names": "registry", "get_backend_class": "registry",
+    "Backend": "backend", "backend_names": "registry", "get_backend_class": "registry",
     "register_backend": "registry", "Report": "report", "report_for": "sessions",
     "tune": "measure.tune",
     "export": "deploy", "load": "deploy", "Program": "deploy",

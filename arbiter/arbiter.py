@@ -31,7 +31,7 @@ import torch.fx
 from .cache import from_options as cache_from_options
 from .config import Config, ConfigLike, VerifyOptions, load_config
 from .errors import ConfigError
-from .findings import findings
+from .plan.findings import findings
 from .measure.calibration import Calibrations
 from .ops import op_name
 from .compile_graph import GraphCompiler
@@ -39,11 +39,12 @@ from .plan.partition import Plan
 from .plan.planner import Planner
 from .plan.policy import get_policy
 from .plan.rules import RuleWatch, config_rules, names
-from .registry import Backend, install_advice
+from .backend import Backend
+from .registry import install_advice
 from .report import Report
 from .report.assemble import assemble
 from .run.build import Builder, instantiate
-from .run.first_use import FirstUse
+from .run.checks.first_use import FirstUse
 from .run.isolation import tracing_in_this_thread
 from .run.lower import decomposition_table, lower
 from .run.owner import Owner, current_owner, matches, owner_of

@@ -1,5 +1,6 @@
-"""The plan without compiling: ``arbiter.explain`` (a model) and ``arbiter.partition``
-(an ATen graph); Dynamo's graph breaks."""
+"""The plan without compiling: ``arbiter.explain`` and ``arbiter.partition``.
+
+``explain`` takes a model (with Dynamo's graph breaks), ``partition`` an ATen graph."""
 from __future__ import annotations
 
 from typing import Any

@@ -2,7 +2,7 @@
 
 pyproject.toml registers ``arbiter_backend`` in the ``torch_dynamo_backends`` entry-point
 group. torch.compile passes its ``options`` and ``mode`` here (read by
-compile_options.py); the Arbiter of those settings is shared (sessions.py, which also
+config/torch_compile.py); the Arbiter of those settings is shared (sessions.py, which also
 finds each compiled model's report).
 
 Errors: Dynamo wraps what a backend raises in ``BackendCompilerFailed``; arbiter's own
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .compile_options import FILE
+from .config.torch_compile import FILE
 from .errors import ArbiterError, ConfigError
 from .run.owner import current_owner
 from .sessions import arbiter_for, drop_all, note_last

@@ -14,8 +14,8 @@ import threading
 from typing import Any, Optional
 
 from .arbiter import Arbiter, arbiters, forget
-from .compile_options import resolve
 from .config import Config
+from .config.torch_compile import resolve
 from .errors import warn_once
 from .report import Report
 from .run.owner import Owner, owner_of

@@ -1,7 +1,8 @@
 """Eager ATen: the partition's nodes run in place, op by op. The end of every chain."""
 from __future__ import annotations
 
-from arbiter.registry import Backend, register_backend
+from arbiter.backend import Backend
+from arbiter.registry import register_backend
 
 
 @register_backend

@@ -19,9 +19,10 @@ from typing import Any, Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+from arbiter.backend import Backend, bounded_threads
 from arbiter.errors import require_known, unknown_name
 from arbiter.ops import nonfinite_validators
-from arbiter.registry import Backend, bounded_threads, register_backend
+from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._nonfinite import ExactNonfinite

@@ -19,10 +19,11 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from arbiter.backend import Backend, thread_option
 from arbiter.cache import served
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, op_name
-from arbiter.registry import Backend, register_backend, thread_option
+from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._edge_values import POWS, SUMS, integer_pow, integer_reduction

@@ -19,9 +19,10 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from arbiter.backend import Backend, thread_option
 from arbiter.errors import require_known
 from arbiter.ops import nonfinite_validators, reads_floating
-from arbiter.registry import Backend, register_backend, thread_option
+from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._export import Runner, check_inputs, distinct_outputs, outputs_of

@@ -25,7 +25,8 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from arbiter.registry import Backend, register_backend
+from arbiter.backend import Backend
+from arbiter.registry import register_backend
 
 from ._export import Runner, check_inputs, outputs_of
 from ._onnx_export import EXPORT_REVISION, EXPORT_VALIDATORS, declared_ops, export_onnx

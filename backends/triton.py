@@ -19,12 +19,13 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
+from arbiter.backend import Backend
 from arbiter.ops import is_getitem, op_name
 from arbiter.plan.pattern_library import PATTERNS
 from arbiter.plan.patterns import (Match, checked, compile_pattern, entry_refuses,
                                    find_matches)
 from arbiter.plan.capability import value_descs
-from arbiter.registry import Backend, register_backend
+from arbiter.registry import register_backend
 
 from . import _triton_kernels as kernels
 

@@ -1,6 +1,6 @@
-"""Per-call cost of the runtime's output metadata check (arbiter.run.verify.check_meta), as a
-ratio to a 4x8 float32 ``torch.add`` timed in the same run (absolute times on a shared
-machine are noise; the ratio is what to compare).
+"""Per-call cost of the runtime's output metadata check
+(arbiter.run.checks.verify.check_meta), as a ratio to a 4x8 float32 ``torch.add`` timed in
+the same run (absolute times on a shared machine are noise; the ratio is what to compare).
 
     .venv/bin/python bench/check_meta_overhead.py
 """
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
-from arbiter.run.verify import check_meta, output_specs  # noqa: E402
+from arbiter.run.checks.verify import check_meta, output_specs  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""nn.TransformerEncoder's inference fast path, decomposed (arbiter/decompose_fused.py).
+"""nn.TransformerEncoder's inference fast path, decomposed (arbiter/decompose/fused.py).
 
     .venv/bin/python bench/transformer_fastpath.py                 # ~10 min on 2 cores
     .venv/bin/python bench/transformer_fastpath.py --padding       # with a padding mask

@@ -131,7 +131,7 @@ def write_manifest(directory: Path, name: str, ops: list[str], *,
 
 @pytest.fixture(scope="session", autouse=True)
 def _arbiter_cache_dir(tmp_path_factory):
-    """Every test writes the persistent cache (arbiter/cache.py) under a temporary
+    """Every test writes the persistent cache (arbiter/cache/) under a temporary
     directory, never the user's ~/.cache/torch-arbiter."""
     import os
 
@@ -146,11 +146,11 @@ def _arbiter_cache_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _forget_findings():
-    """What a test's first-use checks found (arbiter/findings.py: process-wide, and in
+    """What a test's first-use checks found (arbiter/plan/findings.py: process-wide, and in
     the session's cache) does not reach the next test, whose backends of the same name
     may compute otherwise."""
     yield
-    from arbiter.findings import findings
+    from arbiter.plan.findings import findings
 
     findings().forget()
 

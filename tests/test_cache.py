@@ -1,4 +1,4 @@
-"""The persistent cache (arbiter/cache.py) and the ONNX Runtime artifact it keeps."""
+"""The persistent cache (arbiter/cache/) and the ONNX Runtime artifact it keeps."""
 from __future__ import annotations
 
 import logging

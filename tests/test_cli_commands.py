@@ -135,7 +135,8 @@ def test_backends_table_keeps_its_columns_and_wraps_reasons():
 def test_install_hint_only_when_a_package_is_missing():
     """Before: triton, installed, said `install: pip install 'torch-arbiter[triton]'` when
     it lacked a GPU driver."""
-    from arbiter.registry import Backend, install_advice, missing_packages
+    from arbiter.backend import Backend
+    from arbiter.registry import install_advice, missing_packages
 
     class Installed(Backend):
         name = "installed-here"

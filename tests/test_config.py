@@ -345,14 +345,14 @@ def test_dict_config_errors_name_key():
 
 
 def test_config_reference_is_current():
-    """docs/config.md is generated from the field descriptions (arbiter/config_doc.py);
+    """docs/config.md is generated from the field descriptions (arbiter/config/doc.py);
     rendered in a fresh process, so test-registered backends do not appear."""
     import subprocess
     import sys
     from pathlib import Path
 
-    out = subprocess.run([sys.executable, "-m", "arbiter.config_doc"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "arbiter.config.doc"], capture_output=True,
                          text=True, check=True)
     doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
     assert out.stdout == doc.read_text(), \
-        "docs/config.md is stale: run python -m arbiter.config_doc --write"
+        "docs/config.md is stale: run python -m arbiter.config.doc --write"

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import arbiter
-from arbiter.findings import findings
+from arbiter.plan.findings import findings
 from corpus import CASES, Case, Outcome, case_by_id, train_step
 
 CONFIGS = ("default", "cpu_all")

@@ -1,8 +1,8 @@
-"""Checked before trusted (verify mode `unverified`, the default; arbiter/run/first_use.py).
+"""Checked before trusted (verify mode `unverified`, the default; arbiter/run/checks/first_use.py).
 
 A partition holding an (op, dtype) that no probe verified is compared with eager on its
 first call on a backend; a difference demotes it, is traced to the op and output that
-differ, and is kept (arbiter/findings.py) so that the planner refuses it from then on, in
+differ, and is kept (arbiter/plan/findings.py) so that the planner refuses it from then on, in
 this process and in the next. A probed op alone is not checked; several ops compiled
 together are, whatever their probes said. Test backends here declare
 their ops (``verified: declared``) unless a manifest says otherwise.
@@ -149,7 +149,7 @@ def _chain(x):
 def _computes_in_float64(scale):
     """A backend that computes the graph in float64 and rounds once (then scales)."""
     def compile(self, gm, example_inputs):
-        from arbiter.run.reference import float64_outputs
+        from arbiter.run.checks.reference import float64_outputs
 
         def run(*args):
             return [(o * scale).to(a.dtype) for o, a in zip(float64_outputs(gm, args), args)]

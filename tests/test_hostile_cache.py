@@ -198,7 +198,7 @@ def _ort_run(cache_dir, x, **extra):
 
 
 def _only_entry(cache_dir):
-    from arbiter.cache_dir import entries
+    from arbiter.cache.directory import entries
 
     (e,) = entries(cache_dir)
     return e
@@ -349,7 +349,7 @@ def test_read_only_cache_is_used_read_only(tmp_path, read_only, fresh_dynamo):
     d = tmp_path / "c"
     x = torch.randn(4, 4)
     _ort_run(d, x)
-    from arbiter.cache_dir import entries
+    from arbiter.cache.directory import entries
 
     before = {e.path.name: e.mtime_ns for e in entries(d)}
     ro = read_only(d)

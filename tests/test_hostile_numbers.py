@@ -171,7 +171,7 @@ def test_openvino_guard_off_loses_the_nan(fresh_dynamo):
 
 
 def test_all_finite_check():
-    from arbiter.run.call_checks import all_finite
+    from arbiter.run.checks.calls import all_finite
 
     big = torch.full((8,), 3e38)  # finite, but its sum overflows: checked element-wise
     assert all_finite([big, torch.arange(3), (torch.ones(2),)])

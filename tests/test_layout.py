@@ -19,14 +19,14 @@ PACKAGES = {"arbiter": ROOT / "arbiter", "arbiter.backends": ROOT / "backends"}
 
 #: Low to high. A module may import its own layer (no cycles) and the ones below.
 LAYERS = [
-    ("arbiter._version", "arbiter.errors", "arbiter.loadavg", "arbiter.ops", "arbiter.shapes",
+    ("arbiter._version", "arbiter.errors", "arbiter.ops", "arbiter.shapes",
      "arbiter.yamlsrc",
-     "arbiter.decompose", "arbiter.decompose_fused"),
-    ("arbiter.manifest", "arbiter.cache", "arbiter.cache_dir", "arbiter.findings"),
-    ("arbiter.registry",),
+     "arbiter.decompose"),
+    ("arbiter.manifest", "arbiter.cache", "arbiter.plan.findings"),
+    ("arbiter.backend", "arbiter.registry"),
     ("arbiter.plan.capability",),
     ("arbiter.plan",),
-    ("arbiter.config", "arbiter.config_options", "arbiter.compile_options"),
+    ("arbiter.config", "arbiter.config.torch_compile"),
     ("arbiter.backends",),
     ("arbiter.run",),
     ("arbiter.measure",),
@@ -36,7 +36,7 @@ LAYERS = [
     ("arbiter.sessions",),
     ("arbiter.dynamo",),
     ("arbiter.deploy",),
-    ("arbiter.probe", "arbiter.config_doc", "arbiter.config_schema"),
+    ("arbiter.probe", "arbiter.config.doc", "arbiter.config.schema"),
     ("arbiter.cli",),
 ]
 

@@ -33,7 +33,7 @@ from torch.utils import _pytree as pytree
 
 import arbiter
 from arbiter.probe.sampling import nondeterministic, opinfos, pick_sample, sample_fn
-from arbiter.run.verify import compare
+from arbiter.run.checks.verify import compare
 
 #: OpInfos for the CI sweep: elementwise, reductions, matmuls, normalizations, shape
 #: ops, indexing, comparisons; 2-4 s each on a loaded 2-core machine.

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import arbiter
-from arbiter import config_schema
+from arbiter.config import schema as config_schema
 from arbiter.config import shipped_configs
 from arbiter.report import schema as report_schema
 
@@ -27,7 +27,7 @@ def test_config_schema_is_published_and_in_sync(registry):
     text = config_schema.schema_text()
     for path in (config_schema.DOCS_PATH, config_schema.PACKAGE_PATH):
         assert path.read_text() == text, \
-            f"{path} is stale: run python -m arbiter.config_schema --write"
+            f"{path} is stale: run python -m arbiter.config.schema --write"
     for path in (report_schema.SCHEMA_PATH, report_schema.PACKAGE_PATH):
         assert path.read_text() == report_schema.schema_text(), \
             f"{path} is stale: run python -m arbiter.report.schema --write"
@@ -79,7 +79,7 @@ def test_wheel_ships_types_schemas_license_and_the_layout_library(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
-    for name in ("arbiter/py.typed", "arbiter/config.schema.json",
+    for name in ("arbiter/py.typed", "arbiter/config/config.schema.json",
                  "arbiter/report/report.schema.json", "arbiter/report/vendor/dagre.min.js",
                  "arbiter/report/page.js", "arbiter/report/page.css",
                  "arbiter/capabilities/onnxruntime.yaml", "arbiter/configs/default.yaml"):

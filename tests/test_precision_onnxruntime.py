@@ -224,7 +224,7 @@ def test_variant_on_a_transformer_block(fresh_dynamo, label):
 # -- the cache keeps the precisions apart ----------------------------------------------------
 def test_float32_after_fp16_gets_float32(fresh_dynamo, tmp_path):
     _needs("fp16")
-    from arbiter.cache_dir import entries
+    from arbiter.cache.directory import entries
 
     model = _mlp(6)
     cache = {"dir": str(tmp_path)}
@@ -258,7 +258,7 @@ def test_refused_variant_keeps_the_float32_export_cached(fresh_dynamo, tmp_path,
     made from is bad: that cache entry stays (a piece evicts what its compile was served
     when its result fails to verify)."""
     _needs("int8")
-    from arbiter.cache_dir import entries
+    from arbiter.cache.directory import entries
 
     # (per_module off: the module-by-module search caches float32 exports of its own
     # segments, which would blur the count below)

@@ -254,7 +254,7 @@ def test_auto_threads_under_distributed_keep_the_ranks_share(monkeypatch):
         torch.set_num_threads(1)
         assert resources.resolve(opts).threads == 1
         # a number in the config is taken as it is (up to the usable CPUs)
-        from arbiter.registry import usable_cpus
+        from arbiter.backend import usable_cpus
 
         explicit = opts.model_copy(update={"threads": 2})
         assert resources.resolve(explicit).threads == min(2, usable_cpus())

@@ -1,5 +1,5 @@
 """PyTorch's transformer inference fast path, decomposed for the backends
-(arbiter/decompose_fused.py).
+(arbiter/decompose/fused.py).
 
 In eval mode under ``torch.no_grad()``, ``nn.TransformerEncoderLayer`` with
 ``batch_first=True`` computes each layer with one fused kernel,
@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 import arbiter
-from arbiter.decompose_fused import (native_multi_head_attention, table,
+from arbiter.decompose.fused import (native_multi_head_attention, table,
                                      transformer_encoder_layer_fwd)
 
 aten = torch.ops.aten

@@ -1,5 +1,5 @@
 """An error eager also raises is the user's, not a backend's (arbiter/run/piece.py,
-``IndexGuard`` in arbiter/run/call_checks.py): token ids past the vocabulary raise eager's
+``IndexGuard`` in arbiter/run/checks/calls.py): token ids past the vocabulary raise eager's
 ``IndexError`` on every path that could demote a partition (run time, compile, verify,
 first use, a loaded program), nothing is demoted, no cached artifact evicted, and the
 next good call runs on the backend as before. Before, a loaded program fell down four

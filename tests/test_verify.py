@@ -1,4 +1,4 @@
-"""Accuracy checks (config `verify`) and output metadata checks (arbiter/run/verify.py)."""
+"""Accuracy checks (config `verify`) and output metadata checks (arbiter/run/checks/verify.py)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import arbiter
-from arbiter.run.verify import OutputSpec, check_meta, compare, output_specs, tolerance
+from arbiter.run.checks.verify import OutputSpec, check_meta, compare, output_specs, tolerance
 
 from conftest import trace
 

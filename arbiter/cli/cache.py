@@ -32,7 +32,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..cache import DEFAULT_MAX_BYTES, default_dir
-    from ..cache_dir import entries, untrusted
+    from ..cache.directory import entries, untrusted
     from ..report.cells import human_bytes as _human, plural
 
     limit = DEFAULT_MAX_BYTES

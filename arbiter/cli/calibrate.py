@@ -29,7 +29,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..arbiter import Arbiter
     from ..measure.calibration import Calibrations, backend_row, taken_words, write_file
-    from ..loadavg import load_average
+    from ..measure.loadavg import load_average
 
     be = Arbiter(args.config)
     be.apply_resources()

@@ -61,7 +61,7 @@ def cmd_schema(args) -> int:
     if args.report:
         from ..report.schema import main as schema_main
     else:
-        from ..config_schema import main as schema_main
+        from ..config.schema import main as schema_main
     return schema_main(["--write"] if args.write else [])
 
 

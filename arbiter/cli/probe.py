@@ -72,12 +72,13 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from dataclasses import asdict
 
+    from ..backend import Backend
     from ..errors import ArbiterError, require_known
     from ..manifest import DTYPES
     from ..probe.opinfo import DEFAULT_DTYPES, probe, stderr_progress
     from ..probe.result import summarize_failures
     from ..probe.update import write_manifest
-    from ..registry import Backend, get_backend_class
+    from ..registry import get_backend_class
 
     cls = get_backend_class(args.backend)
     backend = cls()

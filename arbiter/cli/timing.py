@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..loadavg import load_average
+from ..measure.loadavg import load_average
 from ..report.cells import plural
 
 #: a machine is too busy to time when its load average per usable CPU passes this
@@ -83,7 +83,7 @@ def _calls(fn: Callable[[], object], k: int) -> list[float]:
 def interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5, round_s: float = 0.5,
                 max_calls: int = 2000) -> tuple[dict[str, Timed], Load]:
     """Time each of ``fns`` (warmed up already) in ``rounds`` interleaved rounds."""
-    from ..registry import usable_cpus
+    from ..backend import usable_cpus
 
     before = load_average()
     others = other_busy_processes()

@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..errors import describe
-from ..run.verify import compare
+from ..run.checks.verify import compare
 from .archive import Archive
 from .program import Program
 from .tensor_file import tensors

@@ -15,7 +15,7 @@ import torch
 
 from ..config import Config, VerifyOptions
 from ..errors import ArbiterError
-from ..registry import Backend
+from ..backend import Backend
 from ..run.build import entry_of, new_piece
 from ..run.chain import Entry, Link, Mode
 from ..run.dynamic import Checked

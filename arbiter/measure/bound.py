@@ -2,7 +2,7 @@
 
 A ``Bound`` judges a candidate's outputs against float32 eager's over one or more
 calibration inputs at once (``judge``), on every measure the config states, all of which
-must hold: elementwise ``rtol``/``atol`` (``run.verify.compare``; integers and bools
+must hold: elementwise ``rtol``/``atol`` (``run.checks.verify.compare``; integers and bools
 equal), ``max_rel_norm`` (``||got - ref|| / ||ref||`` per floating output, in float64)
 and ``topk`` (the share of rows whose top-1 class lies among eager's top ``k``, over
 every input together). A ``Judgement`` gives the measures and one number, ``score``: the
@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..run.verify import compare, uniform_tolerances
+from ..run.checks.verify import compare, uniform_tolerances
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch
 
 from ..cache import Cache
 from ..errors import ArbiterError
-from ..loadavg import load_average, load_per_core
+from .loadavg import load_average, load_per_core
 from ..ops import real_tensors
 from ..plan.predict import BackendCalibration
 from .calibration_cells import CELLS, Calibrator, Measured

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ..loadavg import load_per_core
+from .loadavg import load_per_core
 from ..ops import is_getitem
 from ..plan.partition import partition_graph
 from ..plan.predict import BackendCalibration, op_work

@@ -21,12 +21,12 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx
 
+from ..backend import Backend
 from ..decompose import NotDecomposable, for_names
-from ..findings import findings
 from ..ops import (DATA_MOVES, is_getitem, is_mutating, is_random, op_name, packet_name,
                   produces_tensor, random_depends_on_args, tensors_in, value_dtypes)
-from ..registry import Backend
 from ..shapes import REASON as SHAPES_REASON
+from .findings import findings
 
 #: How a node that is not an ATen op is handled. They run in place, with eager.
 NOT_ATEN = "not an ATen operator (runs in place with the ATen fallback)"
@@ -162,7 +162,7 @@ class CapabilityTable:
         self._generation = findings().generation  # the findings the answers above saw
 
     def _current(self) -> None:
-        """Forget cached answers made before a finding was added (arbiter/findings.py)."""
+        """Forget cached answers made before a finding was added (arbiter/plan/findings.py)."""
         gen = findings().generation
         if gen != self._generation:
             self._cache.clear()
@@ -250,7 +250,7 @@ class CapabilityTable:
             pk = packet_name(name)
             # so is one a backend decomposes (its decomposition depends on shapes and
             # argument values)
-            # and one a first-use check found wrong (arbiter/findings.py)
+            # and one a first-use check found wrong (arbiter/plan/findings.py)
             hit = self._validated[name] = any(
                 name in b.validators or pk in b.validators
                 or bool(getattr(b.manifest().entry(name), "wrong_outputs", ()))
@@ -363,7 +363,7 @@ _VERSIONS: "weakref.WeakKeyDictionary[Backend, Optional[str]]" = weakref.WeakKey
 
 def found_wrong(backend: Backend, name: str) -> list:
     """What first-use checks found ``backend`` (this version) computing wrongly of op
-    ``name`` (arbiter/findings.py); [] for a backend without a version."""
+    ``name`` (arbiter/plan/findings.py); [] for a backend without a version."""
     try:
         version = _VERSIONS[backend]
     except (KeyError, TypeError):

@@ -7,7 +7,7 @@ sizes, the entry says ``dynamic: true``. Anything else is *unverified*: ``declar
 ``built`` entries, dtypes no probe tried, an op without an entry of its own (a
 pattern's node), and every entry whose probe ran with another torch release, backend
 version or device. With ``verify: {mode: unverified}`` (the default) a partition holding
-one is compared with eager ATen on its first call (arbiter/run/first_use.py;
+one is compared with eager ATen on its first call (arbiter/run/checks/first_use.py;
 docs/robustness.md, "`unverified`"). Callers pass the graph the backend gets, after
 ``decompose.for_backend``.
 """

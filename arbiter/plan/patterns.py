@@ -24,10 +24,10 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx
 
+from ..backend import Backend
 from ..errors import ManifestError
 from ..manifest import DTYPES, PatternEntry
 from ..ops import is_getitem, op_name, packet_name, real_tensors
-from ..registry import Backend
 from .capability import CapabilityTable, NodeSupport, dtype_device_refused, value_descs
 from . import pattern_library
 

@@ -14,8 +14,8 @@ from typing import Optional, Union
 
 import torch.fx
 
+from ..backend import Backend
 from ..ops import is_getitem
-from ..registry import Backend
 from .capability import CapabilityTable
 from .partition import Partition, Plan, partition_graph
 from .patterns import PatternTable, with_patterns

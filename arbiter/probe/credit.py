@@ -23,7 +23,7 @@ from ..decompose import for_backend
 from ..errors import describe
 from ..manifest import DTYPES
 from ..ops import op_name
-from ..run.verify import dtype_name
+from ..run.checks.verify import dtype_name
 from .judge import probe_build, probe_unreturned, run_sample
 from .result import SampleResult
 from .sampling import graph_ops

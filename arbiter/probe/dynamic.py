@@ -21,8 +21,8 @@ import torch.fx
 from ..plan.capability import tensor_descs
 from ..errors import describe
 from ..ops import op_name
-from ..registry import Backend
-from ..run.verify import output_specs
+from ..backend import Backend
+from ..run.checks.verify import output_specs
 from .judge import run_and_compare
 from .result import SampleResult
 from .sampling import graph_ops, nondeterministic, quiet_warnings, samples, trace_sample

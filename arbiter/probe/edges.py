@@ -25,8 +25,9 @@ from ..plan.capability import CapabilityTable
 from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_getitem, op_name
-from ..registry import Backend, get_backend_class
-from ..run.verify import compare
+from ..backend import Backend
+from ..registry import get_backend_class
+from ..run.checks.verify import compare
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 ``run_sample`` compiles a sample's graph with the backend (the nodes its manifest wants
 decomposed decomposed for it, as a partition's piece does: arbiter/decompose/), runs
 it, checks every output against the graph's traced metadata and against eager with the
-per-dtype tolerances (``arbiter.run.verify``), then with special values
+per-dtype tolerances (``arbiter.run.checks.verify``), then with special values
 (arbiter/probe/nonfinite.py). A training forward graph (``saved_from``) returns, after
 what the user sees, the tensors its backward reads; those are compared one by one: a
 wrong output of a tuple-returning op (``offset2bag`` of ``_embedding_bag``, the ``rstd``
@@ -25,8 +25,8 @@ import torch.fx
 from ..decompose import for_backend
 from ..errors import describe
 from ..ops import is_getitem
-from ..registry import Backend
-from ..run.verify import Comparison, check_meta, compare, output_specs
+from ..backend import Backend
+from ..run.checks.verify import Comparison, check_meta, compare, output_specs
 from .nonfinite import probe_nonfinite
 from .sampling import quiet_warnings
 

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from ..ops import op_name, reads_floating
-from ..run.verify import compare
+from ..run.checks.verify import compare
 from .sampling import quiet_warnings
 
 log = logging.getLogger(__name__)

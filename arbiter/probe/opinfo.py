@@ -22,7 +22,7 @@ import torch
 
 from ..errors import describe
 from ..manifest import DTYPES
-from ..registry import Backend
+from ..backend import Backend
 from .credit import probe_graph
 # names other modules and tests import from here
 from .judge import expose_outputs, probe_build, probe_sample, probe_unreturned  # noqa: F401

@@ -14,7 +14,7 @@ import torch.fx
 from ..plan.capability import narrow_refusal
 from ..manifest import Manifest
 from ..ops import op_name, packet_name
-from ..registry import Backend
+from ..backend import Backend
 from .result import ProbeResult, SampleResult
 
 

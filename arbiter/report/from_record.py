@@ -17,7 +17,7 @@ import torch.fx
 from ..ops import is_getitem, op_name, tensors_in
 from ..plan.partition import Partition, Plan
 from ..plan.rules import names
-from ..registry import Backend
+from ..backend import Backend
 from ..run.record import GraphRecord
 from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .accuracy import accuracy_report

@@ -65,7 +65,7 @@ class FirstUseReport(BaseModel):
     detail: str = Field("", description="what differed from eager, when failed")
     findings: list[str] = Field(default_factory=list, description="what the failure was "
                                 "traced to (op, dtype, output), refused on this backend from "
-                                "then on (arbiter/findings.py)")
+                                "then on (arbiter/plan/findings.py)")
 
     def line(self) -> str:
         """The check in a line: backend, result, what it was about."""

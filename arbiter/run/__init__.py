@@ -3,7 +3,8 @@
 * ``lower``: Dynamo's graph -> AOTAutograd's ATen graphs (forward, backward, inference);
 * ``split``: a plan's partitions cut out, and one stitched graph calling them;
 * ``piece``: one partition, compiled lazily, demoted down its chain on failure;
-* ``verify``: checks of a piece's outputs (metadata every call, numbers on demand);
+* ``checks``: a piece's checks (``checks.verify``: its outputs, metadata every call,
+  numbers on demand; around each call; first-use checks);
 * ``freeze``: frozen weights guarded on every call;
 * ``measured``: policy `measure`'s timing on the first real call;
 * ``record``: what happened to one compiled graph (read by the report);

@@ -19,10 +19,11 @@ import torch
 from ..config import Config, VerifyOptions
 from ..plan.partition import Plan
 from ..plan.planner import Planner
-from ..registry import Backend, get_backend_class
+from ..backend import Backend
+from ..registry import get_backend_class
 from .chain import Entry, Link, Mode
 from .dynamic import PerShape, Symbolic, shape_links
-from .first_use import FirstUse
+from .checks.first_use import FirstUse
 from .piece import Piece, PieceRecord
 from .split import extract, stitch
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..decompose import for_backend
-from ..registry import Backend
+from ..backend import Backend
 
 
 class Mode(str, enum.Enum):

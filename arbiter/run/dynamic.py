@@ -36,11 +36,11 @@ import torch.fx
 from ..decompose import for_backend, for_symbolic
 from ..errors import describe
 from ..ops import all_finite, output_values
-from ..registry import Backend
+from ..backend import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
                       inputs_at, second_assignment, shape_env_of, tied_groups)
 from .chain import Entry, Link, Mode
-from .verify import compare
+from .checks.verify import compare
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ node, and calls our compiler once per graph. Decompositions are PyTorch's own ta
 (``torch._decomp``), restricted to the ops the config's ``decompositions:`` lists (a
 backend's manifest list applies only to the nodes it takes: arbiter/decompose/), and
 arbiter's own of PyTorch's fused inference kernels (``nn.TransformerEncoderLayer``'s fast
-path: arbiter/decompose_fused.py), which every graph gets.
+path: arbiter/decompose/fused.py), which every graph gets.
 
 Inference graphs hand parameters and buffers to backends as constants. AOTAutograd's
 metadata says which graph inputs are static (parameters and buffers lifted by Dynamo) and
@@ -37,10 +37,10 @@ CompileOne = Callable[[torch.fx.GraphModule, str, dict], Callable]
 
 def decomposition_table(names: Sequence[str]) -> dict:
     """The decompositions applied to every graph when it is lowered: PyTorch's fused
-    inference kernels (arbiter/decompose_fused.py; no backend takes them whole), then
+    inference kernels (arbiter/decompose/fused.py; no backend takes them whole), then
     those the config's ``decompositions:`` names."""
     from ..decompose import table
-    from ..decompose_fused import table as fused
+    from ..decompose.fused import table as fused
 
     return {**fused(), **table(names)}
 

@@ -27,15 +27,15 @@ from ..cache import served
 from ..config import VerifyOptions
 from ..errors import describe
 from ..ops import is_random
-from .call_checks import IndexGuard, all_finite, restore, snapshot
 from .chain import Entry
-from .checking import PieceChecks
+from .checks.calls import IndexGuard, all_finite, restore, snapshot
+from .checks.first_use import FirstUse
+from .checks.piece_checks import PieceChecks
+from .checks.verify import check_meta, output_specs
 from .compiling import compile_for, compile_lock, evict
 from .dynamic import Checked
-from .first_use import FirstUse
 from .layouts import OutputLayouts
 from .record import Fallback, PieceRecord
-from .verify import check_meta, output_specs
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Piece:
     demotes the piece like an exception does. With ``verify`` (the config's
     ``VerifyOptions``), chosen calls copy the inputs first, check that the backend did
     not write into them nor reuse its output buffers (a second call), run the ATen graph
-    in eager on the copies and compare (``arbiter.run.verify.compare``); a failure
+    in eager on the copies and compare (``arbiter.run.checks.verify.compare``); a failure
     demotes the piece (stage ``verify``) and that call returns eager's result.
     """
 
@@ -64,7 +64,7 @@ class Piece:
         of the chain that runs at a lower precision (``Entry.precision``; config
         `accuracy`: ``AccuracyOptions.verify_options``), used while it runs.
         ``first_use``: with verify mode ``unverified``, what decides and localizes the
-        first-use checks (run/first_use.py; a default one otherwise)."""
+        first-use checks (run/checks/first_use.py; a default one otherwise)."""
         self.record = record
         self.gm = gm  # the partition as ATen: what eager runs, and what backends compile
         self._backends = list(backends)  # the chain, the last being eager
@@ -81,7 +81,7 @@ class Piece:
         # outputs whose layout a later view may need (run/layouts.py)
         self._layouts = OutputLayouts(gm)
         self._specs = output_specs(gm)
-        # verify and first-use checks: which calls, judged how (run/checking.py)
+        # verify and first-use checks: which calls, judged how (run/checks/piece_checks.py)
         self._checks = PieceChecks(record, gm, graph_label, verify, lowered_verify, first_use,
                                    any(n.op == "call_function" and is_random(n)
                                        for n in gm.graph.nodes))

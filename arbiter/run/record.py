@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ..plan.partition import Plan
 from ..plan.policy import PolicyOutcome
 from .chain import Link
-from .first_use import FirstUseCheck
+from .checks.first_use import FirstUseCheck
 from .freeze import WeightEvent
 from .owner import UNKNOWN, Owner
 
@@ -52,7 +52,7 @@ class PieceRecord:
     # inf inputs, and the calls that therefore ran in eager (an input held NaN or inf)
     nonfinite_ops: list[str] = field(default_factory=list)
     nonfinite_calls: int = 0
-    # verify `unverified`: each backend's first-use check (run/first_use.py)
+    # verify `unverified`: each backend's first-use check (run/checks/first_use.py)
     first_use: list[FirstUseCheck] = field(default_factory=list)
     # the chain as data (run/chain.py), whose labels ``chain`` holds: what a saved file keeps
     links: list[Link] = field(default_factory=list)

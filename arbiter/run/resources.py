@@ -19,8 +19,8 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Optional
 
+from ..backend import bounded_threads, usable_cpus
 from ..errors import warn_at_user_line
-from ..registry import bounded_threads, usable_cpus
 
 log = logging.getLogger(__name__)
 

@@ -29,17 +29,17 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError,
                       field_validator)
 
+from ..errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
+                      did_you_mean, unknown_name)
+from ..manifest import load_manifest
+from ..ops import resolve
+from ..plan.policy import policy_names
+from ..registry import aten_fallback, backend_names, get_backend_class
+from ..yamlsrc import Located, load_file, validation_error
 # the option blocks, re-exported: ``from arbiter.config import VerifyOptions`` keeps working
-from .config_options import (AccuracyOptions, CacheOptions, CalibrationOptions,  # noqa: F401
-                             MeasureOptions, ResourcesOptions, ShapesOptions, Tolerance,
-                             TopKAgreement, VerifyOptions)
-from .errors import (ArbiterError, ConfigError, UnknownBackendError, UnknownOpError,
-                     did_you_mean, unknown_name)
-from .manifest import load_manifest
-from .ops import resolve
-from .plan.policy import policy_names
-from .registry import aten_fallback, backend_names, get_backend_class
-from .yamlsrc import Located, load_file, validation_error
+from .options import (AccuracyOptions, CacheOptions, CalibrationOptions,  # noqa: F401
+                      MeasureOptions, ResourcesOptions, ShapesOptions, Tolerance,
+                      TopKAgreement, VerifyOptions)
 
 DEFAULT_CONFIG = "default"
 
@@ -262,7 +262,7 @@ def _no_decomposition(op: str) -> str:
     import torch
     from torch._decomp import decomposition_table
 
-    from .decompose import extra
+    from ..decompose import extra
 
     ns, base, *rest = op.split(".")
     packet = getattr(getattr(torch.ops, ns), base)

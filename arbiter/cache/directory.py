@@ -1,6 +1,9 @@
-"""The cache's directory (arbiter/cache.py): whether it can be trusted to hold entries
-that are run as code (``untrusted``), and the entry files it holds, unread (``entries``:
-what ``arbiter cache`` lists and ``Cache.shrink`` evicts from)."""
+"""The cache's directory: whether it can be trusted, and the entry files it holds.
+
+Whether it can be trusted to hold entries that are run as code (``untrusted``), and the
+entry files it holds, unread (``entries``: what ``arbiter cache`` lists and
+``Cache.shrink`` evicts from). The cache itself is the package's ``__init__``.
+"""
 from __future__ import annotations
 
 import os

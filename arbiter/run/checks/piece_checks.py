@@ -1,8 +1,10 @@
-"""A piece's accuracy checks against eager ATen: which calls are checked (config
-``verify``: ``every_n``, ``first``), a checked call judged (inputs written, buffers
-reused, numbers), and verify mode ``unverified``'s first-use checks (run/first_use.py)
-planned and recorded. ``run.piece.Piece`` compiles, runs and demotes; this decides and
-judges, and tells the piece what failed."""
+"""A piece's accuracy checks against eager ATen: which calls are checked, and how.
+
+Which calls are checked (config ``verify``: ``every_n``, ``first``), a checked call
+judged (inputs written, buffers reused, numbers), and verify mode ``unverified``'s
+first-use checks (first_use.py) planned and recorded. ``run.piece.Piece`` compiles, runs
+and demotes; this decides and judges, and tells the piece what failed.
+"""
 from __future__ import annotations
 
 import logging
@@ -11,13 +13,13 @@ from typing import Any, Optional
 
 import torch
 
-from ..config import VerifyOptions
-from ..errors import describe
-from .call_checks import restore, same_bits, shared_buffers
-from .chain import Mode
-from .compiling import compile_lock
+from ...config import VerifyOptions
+from ...errors import describe
+from ..compiling import compile_lock
+from ..chain import Mode
+from ..record import PieceRecord
+from .calls import restore, same_bits, shared_buffers
 from .first_use import FirstUse, FirstUseCheck
-from .record import PieceRecord
 from .reference import judge_against_float64
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log

@@ -11,7 +11,7 @@ of the partition is compared, saved-for-backward ones included (a forward graph 
 them). If they differ, the partition falls back down its chain (stage ``verify``) and
 that call returns eager's result; then ``FirstUse.localize`` runs each unverified node
 alone through the backend, on the values eager computed for its inputs, to find which op
-and which output differ, and keeps each as a finding (arbiter/findings.py): the planner
+and which output differ, and keeps each as a finding (arbiter/plan/findings.py): the planner
 refuses it from then on, in this process and, through the persistent cache, in later
 ones. A difference no single node reproduces is kept as the partition's own finding:
 later processes skip that backend for that partition (``FirstUse.skip``).
@@ -31,13 +31,13 @@ import torch.fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..cache import fingerprint
-from ..errors import describe
-from ..ops import op_name
-from ..findings import ALL_OUTPUTS, PARTITION_OP, Finding, findings, new_finding
-from ..plan.evidence import Unverified, compute_nodes, manifest_owner, node_dtypes, \
+from ...cache import fingerprint
+from ...errors import describe
+from ...ops import op_name
+from ...plan.evidence import Unverified, compute_nodes, manifest_owner, node_dtypes, \
     principal_dtype, unverified
-from .isolation import tracing_in_this_thread
+from ...plan.findings import ALL_OUTPUTS, PARTITION_OP, Finding, findings, new_finding
+from ..isolation import tracing_in_this_thread
 from .verify import compare
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class FirstUse:
         be run alone: that is not evidence against it)."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        from ..decompose import for_backend
+        from ...decompose import for_backend
 
         # tensors become the graph's inputs; sizes (SymInts in a symbolic graph) constants
         tensors = [a for a in node.all_input_nodes if isinstance(values[a], torch.Tensor)]

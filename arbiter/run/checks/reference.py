@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ..ops import all_finite
+from ...ops import all_finite
 from .verify import Comparison, compare, dtype_name, tolerance
 
 RMS_FACTOR = 2.0

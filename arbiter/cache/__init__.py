@@ -49,9 +49,9 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from .cache_dir import entries, trusted_owner, untrusted
-from .ops import attr_value
-from .yamlsrc import read_at_most
+from ..ops import attr_value
+from ..yamlsrc import read_at_most
+from .directory import entries, trusted_owner, untrusted
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ Generated from the pydantic ``Config`` model, then sharpened with what only the 
 know: each registered backend's name and its own ``Options`` (so an editor completes
 ``options:`` per backend), the policies, the backends a ``pin`` may name, the form of an op
 name. Never written by hand: a test checks the published copies equal what this module
-generates. After changing ``arbiter/config.py`` or a backend's options::
+generates. After changing ``arbiter/config/`` or a backend's options::
 
-    python -m arbiter.config_schema --write      # or: arbiter schema --write
+    python -m arbiter.config.schema --write      # or: arbiter schema --write
 
 Editors: with the YAML language server (VS Code's YAML extension, and others), put
 ``# yaml-language-server: $schema=<path or URL of config.schema.json>`` at the top of a
@@ -18,20 +18,20 @@ import json
 import sys
 from pathlib import Path
 
-from ._version import __version__
+from .._version import __version__
 
 ROOT = Path(__file__).resolve().parent
 #: where the schema is published: in docs/ (a checkout) and in the package (the wheel)
-DOCS_PATH = ROOT.parent / "docs" / "config.schema.json"
+DOCS_PATH = ROOT.parents[1] / "docs" / "config.schema.json"
 PACKAGE_PATH = ROOT / "config.schema.json"
 #: an op as configs name it: aten.x or aten.x.overload
 OP_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$"
 
 
 def schema() -> dict:
-    from .config import Config
-    from .plan.policy import policy_names
-    from .registry import backend_names, get_backend_class
+    from ..plan.policy import policy_names
+    from ..registry import backend_names, get_backend_class
+    from . import Config
 
     out = Config.model_json_schema()
     defs = out.setdefault("$defs", {})

@@ -1,6 +1,8 @@
-"""Checks around one call of a compiled backend: non-finite inputs (``exact_nonfinite:
-guard``), inputs a backend wrote into (copies taken before the call, written back), and
-output buffers a second call reuses."""
+"""Checks around one call of a compiled backend.
+
+Non-finite inputs (``exact_nonfinite: guard``), inputs a backend wrote into (copies
+taken before the call, written back), and output buffers a second call reuses.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,8 +11,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..ops import all_finite as finite
-from ..ops import tensors_in
+from ...ops import all_finite as finite
+from ...ops import tensors_in
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log
 
@@ -102,7 +104,7 @@ class IndexGuard:
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule) -> Optional["IndexGuard"]:
-        from ..ops import op_name
+        from ...ops import op_name
 
         placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes
                                                    if n.op == "placeholder")}

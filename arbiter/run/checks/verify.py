@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..ops import output_values
+from ...ops import output_values
 
 #: dtype name -> (rtol, atol). Integer and bool dtypes compare exactly.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {

@@ -1,5 +1,7 @@
-"""The machine's load average, as arbiter records it beside what it measures (the
-calibration, ``arbiter calibrate``, the CLI's timings): one reader for all of them."""
+"""The machine's load average, as arbiter records it beside what it measures.
+
+One reader for all of them: the calibration, ``arbiter calibrate``, the CLI's timings.
+"""
 from __future__ import annotations
 
 import math

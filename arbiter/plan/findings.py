@@ -1,13 +1,13 @@
 """What first-use checks found wrong: kept, so that no process tries it again.
 
 A partition holding an (op, dtype) that no probe verified is compared with eager ATen on
-its first call (config ``verify: {mode: unverified}``, the default; arbiter/run/first_use.py).
-When it differs, the op that differs is found by running each unverified node alone
+its first call (config ``verify: {mode: unverified}``, the default;
+arbiter/run/checks/first_use.py). When it differs, the op that differs is found by running each unverified node alone
 through the backend, and a ``Finding`` is kept: the backend, its version, the op, the
 dtype, which output (or every output) and what differed. From then on the planner refuses
 that op, in that dtype, on that backend (and only the nodes that read the wrong output),
 with the finding as its reason (``plan.capability.CapabilityTable``), in this process and,
-through the persistent cache (arbiter/cache.py, kind ``finding``), in later ones. A new
+through the persistent cache (arbiter/cache/, kind ``finding``), in later ones. A new
 backend version starts over: its findings are keyed by it.
 
 When no single node reproduces the difference (it comes from the nodes together), the

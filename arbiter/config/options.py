@@ -1,7 +1,8 @@
-"""The config's option blocks (``measure:``, ``calibration:``, ``cache:``, ``verify:``,
-``accuracy:``, ``shapes:``, ``resources:``): each a pydantic model that ``Config`` (config.py)
-holds under its key. Kept apart from ``Config`` and its loading so that each file holds
-one idea; ``arbiter.config`` re-exports them.
+"""The config's option blocks, each a pydantic model that ``Config`` holds under its key.
+
+The blocks: ``measure:``, ``calibration:``, ``cache:``, ``verify:``, ``accuracy:``,
+``shapes:``, ``resources:``. Kept apart from ``Config`` and its loading (the package's
+``__init__``) so that each file holds one idea; ``arbiter.config`` re-exports them.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator,
                       model_validator)
 
-from .errors import require_known
-from .manifest import DTYPES
-from .registry import backend_names
+from ..errors import require_known
+from ..manifest import DTYPES
+from ..registry import backend_names
 
 class MeasureOptions(BaseModel):
     """How policy `measure` times candidates (docs/policies.md)."""
@@ -99,17 +100,17 @@ class VerifyOptions(BaseModel):
         "unverified", description="`unverified` (the default): check the first call on a "
         "backend of each partition that holds an (op, dtype) no probe verified for the way "
         "the graph uses it (arbiter/plan/evidence.py), or several compute nodes (compiled "
-        "together: no probe ran that; arbiter/run/first_use.py); a failure demotes the "
+        "together: no probe ran that; arbiter/run/checks/first_use.py); a failure demotes the "
         "partition and "
         "is kept (the op is refused on that backend from then on, in later processes too: "
-        "arbiter/findings.py); `first`: check every partition's first call; `every`: every "
+        "arbiter/plan/findings.py); `first`: check every partition's first call; `every`: every "
         "`every_n` calls; `off`: trust the manifests' declarations, unchecked")
     every_n: StrictInt = Field(100, ge=1, description="with mode `every`: check one call in N "
                          "(the first call of each compiled backend included)")
     tolerances: dict[str, Tolerance] = Field(
         default_factory=dict, description="dtype name -> {rtol, atol}, overriding the "
-        "defaults of arbiter.run.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, atol 1e-5); "
-        "integer and bool outputs must be equal")
+        "defaults of arbiter.run.checks.verify.DEFAULT_TOLERANCES (float32: rtol 1e-4, "
+        "atol 1e-5); integer and bool outputs must be equal")
 
     @field_validator("tolerances")
     @classmethod

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .config import Config, config_from_dict, load_config
-from .errors import ArbiterError, ConfigError, did_you_mean, warn_once
+from ..errors import ArbiterError, ConfigError, did_you_mean, warn_once
+from . import Config, config_from_dict, load_config
 
 #: what torch.compile(options=...) takes besides the config's own top-level keys
 EXTRA_OPTIONS = ("config", "dryrun")
@@ -108,7 +108,7 @@ def resolve(options: Optional[dict] = None, mode: Optional[str] = None
 def _with_mode(spec: Any, mode: str) -> Any:
     """A backend spec with ``mode`` set where the backend's options have a ``mode`` field
     and the config did not set one."""
-    from .registry import get_backend_class
+    from ..registry import get_backend_class
 
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
     try:
