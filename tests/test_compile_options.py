@@ -56,7 +56,7 @@ def test_dryrun_option_plans_without_compiling(fresh_dynamo):
         compiled = torch.compile(f, backend="arbiter", options={"dryrun": True})
         x = torch.randn(4)
         torch.testing.assert_close(compiled(x), f(x))
-    assert Path(caught[0].filename).name == "test_config/torch_compile.py"  # the user's line
+    assert Path(caught[0].filename).name == "test_compile_options.py"  # the user's line
     rep = arbiter.report_for(compiled)
     assert rep.dry_run and not any(p.compiled for g in rep.graphs for p in g.partitions)
 
