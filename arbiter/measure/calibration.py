@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..backend import Backend
 from ..cache import Cache
 from ..errors import ArbiterError
 from .loadavg import load_average, load_per_core
@@ -57,7 +58,7 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "arch": platform.machine()}
 
 
-def key_parts(backend: Any, threads: int) -> dict:
+def key_parts(backend: Backend, threads: int) -> dict:
     return {"kind": KIND, "format": FORMAT, "machine": machine(), "threads": threads,
             **backend.cache_parts()}
 
@@ -141,7 +142,7 @@ def write_file(path: str, measured: dict[str, Measured], backends: dict) -> None
         f.write("\n")
 
 
-def _version(backend: Any) -> Optional[str]:
+def _version(backend: Backend) -> Optional[str]:
     try:
         return backend.version()
     except Exception:  # noqa: BLE001 - a version is not worth a failure

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..backend import Backend
 from ..manifest import other_torch, release
 from ..ops import is_getitem, op_name, produces_tensor
 from .capability import tensor_descs
@@ -88,7 +89,7 @@ def _other_device(manifest: Any, descs: list) -> str:
     return f"probed on {manifest.probe.device}, this runs on {', '.join(sorted(devices))}"
 
 
-def other_versions(backend: Any, manifest: Any) -> str:
+def other_versions(backend: Backend, manifest: Any) -> str:
     """Why ``manifest``'s probe results were found with other software than this
     process runs (another torch release, another backend version), or ``""``."""
     probe = manifest.probe

@@ -31,12 +31,14 @@ import torch.fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ...backend import Backend
 from ...cache import fingerprint
 from ...errors import describe
 from ...ops import op_name
 from ...plan.evidence import Unverified, compute_nodes, manifest_owner, node_dtypes, \
     principal_dtype, unverified
 from ...plan.findings import ALL_OUTPUTS, PARTITION_OP, Finding, findings, new_finding
+from ..chain import Entry
 from ..isolation import tracing_in_this_thread
 from .verify import compare
 
@@ -64,7 +66,7 @@ class FirstUse:
         self.tolerances = tolerances
 
     @staticmethod
-    def needed(backend: Any, gm: torch.fx.GraphModule, symbolic: bool) -> list[Unverified]:
+    def needed(backend: Entry, gm: torch.fx.GraphModule, symbolic: bool) -> list[Unverified]:
         """The unverified (op, dtype) pairs of ``gm`` as ``backend`` compiled it, and the
         partition itself when it holds several compute nodes (``composed``)."""
         try:
@@ -76,7 +78,7 @@ class FirstUse:
         return found + [whole] if whole is not None else found
 
     @staticmethod
-    def skip(backend: Any, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Optional[str]:
+    def skip(backend: Entry, gm: torch.fx.GraphModule, args: Sequence[Any]) -> Optional[str]:
         """Why ``backend`` must not run this partition: a first-use check in an earlier
         process found it wrong as a whole. None otherwise."""
         owner = manifest_owner(backend)
@@ -90,7 +92,7 @@ class FirstUse:
                 return f"this partition {f.reason()}"
         return None
 
-    def localize(self, backend: Any, gm: torch.fx.GraphModule, args: Sequence[Any],
+    def localize(self, backend: Entry, gm: torch.fx.GraphModule, args: Sequence[Any],
                  items: Sequence[Unverified], detail: str) -> list[Finding]:
         """After ``gm`` (as ``backend`` compiled it) differed from eager on ``args`` (copies
         of the inputs, as they were): find, keep and return what differs (module docstring)."""
@@ -111,7 +113,7 @@ class FirstUse:
             findings().add(f)
         return found
 
-    def _by_node(self, backend: Any, version: str, gm: torch.fx.GraphModule,
+    def _by_node(self, backend: Backend, version: str, gm: torch.fx.GraphModule,
                  args: Sequence[Any], items: Sequence[Unverified]) -> list[Finding]:
         wanted = {(u.op, u.dtype) for u in items}
         ops = {u.op for u in items}
@@ -132,7 +134,7 @@ class FirstUse:
                                          k, why))
         return found
 
-    def _alone(self, backend: Any, node: torch.fx.Node,
+    def _alone(self, backend: Backend, node: torch.fx.Node,
                values: dict) -> list[tuple[int, str]]:
         """(output index or ALL_OUTPUTS, what differs) for ``node`` run alone through
         ``backend`` on the eager values of its inputs; [] when it equals eager (or cannot
@@ -206,12 +208,12 @@ def _eager_values(gm: torch.fx.GraphModule, args: Sequence[Any]) -> dict:
     return values
 
 
-def _partition_key(backend: Any, version: str, gm: torch.fx.GraphModule,
+def _partition_key(backend: Backend, version: str, gm: torch.fx.GraphModule,
                    args: Sequence[Any]) -> str:
     return fingerprint(gm, args, {"first_use": backend.name, "version": version})[:32]
 
 
-def _version(backend: Any) -> str:
+def _version(backend: Backend) -> str:
     try:
         return str(backend.version())
     except Exception:  # noqa: BLE001 - findings are then filed under "unknown"

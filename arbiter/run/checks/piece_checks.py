@@ -15,8 +15,8 @@ import torch
 
 from ...config import VerifyOptions
 from ...errors import describe
+from ..chain import Entry, Mode
 from ..compiling import compile_lock
-from ..chain import Mode
 from ..record import PieceRecord
 from .calls import restore, same_bits, shared_buffers
 from .first_use import FirstUse, FirstUseCheck
@@ -58,13 +58,13 @@ class PieceChecks:
         self._verify_every = verify.every_n if verify is not None else 1
         self._tolerances = verify.tolerances if verify is not None else None
 
-    def checks_unverified(self, backend: Any) -> bool:
+    def checks_unverified(self, backend: Entry) -> bool:
         """Whether ``backend`` runs under verify mode ``unverified`` here."""
         lowered = bool(backend.precision) and self._lowered_cfg is not None
         cfg = self._lowered_cfg if lowered else self._verify_cfg
         return not backend.inline_aten and cfg is not None and cfg.mode == "unverified"
 
-    def start(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
+    def start(self, level: int, backend: Entry, got: torch.fx.GraphModule) -> None:
         """A backend of the chain now runs (at ``level``; it compiled ``got``): its
         settings (a lower-precision one has its own), its first-use check planned."""
         lowered = bool(backend.precision)  # a variant: its own checks
@@ -90,7 +90,7 @@ class PieceChecks:
         self._since_compile = n + 1
         return n % self._verify_every == 0
 
-    def judge(self, level: int, backend: Any, fn: Callable, args: Sequence[Any],
+    def judge(self, level: int, backend: Entry, fn: Callable, args: Sequence[Any],
               before: list, out: Any) -> tuple[Optional[str], Optional[list]]:
         """A checked call of ``backend`` (at ``level``): (what failed, eager's result), or
         (None, None) when it passed.
@@ -134,7 +134,7 @@ class PieceChecks:
         self._first_use_done(level, backend, why, before)
         return why, expected
 
-    def _plan_first_use(self, level: int, backend: Any, got: torch.fx.GraphModule) -> None:
+    def _plan_first_use(self, level: int, backend: Entry, got: torch.fx.GraphModule) -> None:
         """Verify mode ``unverified``: the next call is checked against eager when
         ``got`` (what the backend compiled) holds an unverified (op, dtype)."""
         symbolic = backend.mode is Mode.SYMBOLIC
@@ -156,7 +156,7 @@ class PieceChecks:
                  backend.name, ", ".join(check.unverified[:3]),
                  f" and {len(items) - 3} more" if len(items) > 3 else "")
 
-    def _first_use_done(self, level: int, backend: Any, why: Optional[str],
+    def _first_use_done(self, level: int, backend: Entry, why: Optional[str],
                         before: list) -> None:
         """Record the outcome of a first-use check (``why``: what failed, or None)."""
         checking, self._checking = self._checking, None
