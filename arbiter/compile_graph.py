@@ -20,7 +20,7 @@ from .plan.partition import Plan
 from .plan.planner import Planner
 from .plan.policy import GraphContext, Policy
 from .plan.rules import RuleWatch
-from .report.from_record import SHAPE_EAGER_WARN, shape_eager_share
+from .report.from_record import SHAPE_EAGER_WARN, quantization_warning, shape_eager_share
 from .run import passes
 from .run.build import Builder
 from .run.freeze import FrozenGraph, placeholder_positions
@@ -144,6 +144,9 @@ class GraphCompiler:
                         "past torch._dynamo.config.recompile_limit it runs the frame in "
                         "eager without arbiter. torch.compile(dynamic=None or True) lets one "
                         "symbolic graph serve every size", label, record.frame[1] + 1)
+        quantized = quantization_warning(record, self.planner.backends)
+        if quantized and not self.dry_run:
+            log.warning("%s: %s", label, quantized)
         if record.symbols:
             share = shape_eager_share(record, self.planner.backends)
             log.log(logging.WARNING if share > SHAPE_EAGER_WARN else logging.INFO,

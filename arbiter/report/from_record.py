@@ -316,6 +316,9 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         warnings.append(f"{share:.0%} of this graph's compute runs in eager because of "
                         "symbolic shapes (see the refusals and fallbacks saying "
                         f"'{SHAPES_REASON}')")
+    quantized = quantization_warning(g, backends)
+    if quantized:
+        warnings.append(quantized)
     return GraphReport(
         graph_id=g.graph_id, kind=g.kind, model=str(g.owner),
         nodes=sum(x.nodes for x in parts), partitions=parts,
@@ -441,3 +444,41 @@ def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
                                       for r in g.plan.support[n].refusals.values())):
                 shaped += 1
     return shaped / total if total else 0.0
+
+
+def is_quantization_op(name: str) -> bool:
+    """Whether the op ``name`` quantizes or dequantizes (PT2E's ``quantized_decomposed``
+    ops, torch's own ``quantize_per_tensor``, fake quantization in a QAT graph)."""
+    namespace, _, rest = name.partition(".")
+    return namespace == "quantized_decomposed" or "quantize" in rest.partition(".")[0]
+
+
+def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]
+                          ) -> tuple[Counter, Optional[str]]:
+    """(op -> nodes of the graph's quantize/dequantize ops that run in eager, a reason a
+    backend gave for one of them): a user's quantized model whose int8 runs nowhere."""
+    found: Counter = Counter()
+    why = None
+    for p in g.plan.partitions:
+        rec = g.records.get(p.id)
+        running = rec.backend if rec is not None and rec.backend else p.backend
+        if not (running in backends and backends[running].inline_aten):
+            continue
+        for n in p.nodes:
+            if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+                found[op_name(n.target)] += 1
+                refusals = g.plan.support[n].refusals
+                if why is None and refusals:
+                    why = "; ".join(f"{b}: {r}" for b, r in list(refusals.items())[:2])
+    return found, why
+
+
+def quantization_warning(g: GraphRecord, backends: Mapping[str, Backend]) -> Optional[str]:
+    """The warning the report and the log give for ``quantization_in_eager``, or None."""
+    found, why = quantization_in_eager(g, backends)
+    if not found:
+        return None
+    ops = ", ".join(f"{op} x{n}" for op, n in found.most_common(3))
+    return (f"{sum(found.values())} quantize/dequantize nodes of this quantized model run in "
+            f"eager ({ops}{', ...' if len(found) > 3 else ''}): no configured backend takes "
+            f"them{f' ({why})' if why else ''}, so the model's int8 compute is not what runs")
