@@ -11,7 +11,7 @@ re-raised so that ``except arbiter.ConfigError`` catches them (``_through_dynamo
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .config.torch_compile import FILE
 from .errors import ArbiterError, ConfigError
@@ -31,7 +31,9 @@ def _through_dynamo(exc: ArbiterError) -> ArbiterError:
     """``exc`` as an instance of a subclass of its own class and of Dynamo's
     ``ShortenTraceback``, which Dynamo re-raises as it is: any other exception from a
     backend reaches the user wrapped in ``BackendCompilerFailed``, where
-    ``except arbiter.ConfigError`` would miss it. Same message and attributes."""
+    ``except arbiter.ConfigError`` would miss it. Same message and attributes; Dynamo
+    prints it from the line that raised (an arbiter error is deliberate, its message
+    says what is wrong), not through its own frames."""
     try:
         from torch._dynamo.exc import ShortenTraceback
     except ImportError:  # a torch without it: as it is
@@ -45,8 +47,17 @@ def _through_dynamo(exc: ArbiterError) -> ArbiterError:
     new = cls.__new__(cls)
     new.args = exc.args
     new.__dict__.update(exc.__dict__)
-    new.first_useful_frame = None  # nothing of Dynamo's to strip from the traceback
+    # Dynamo prints the traceback from this frame on (TORCHDYNAMO_VERBOSE=1: all of it):
+    # the line that raised, under the user's own lines, without Dynamo's internals
+    new.first_useful_frame = _innermost(exc.__traceback__)
     return new.with_traceback(exc.__traceback__)
+
+
+def _innermost(tb: Any) -> Any:
+    """The frame of the last entry of traceback ``tb`` (where it was raised), or None."""
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame if tb is not None else None
 
 
 _PASSTHROUGH: dict = {}

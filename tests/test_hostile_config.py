@@ -242,3 +242,26 @@ def test_config_file_error_through_dynamo_names_the_line(tmp_path, fresh_dynamo)
     with pytest.raises(arbiter.ConfigError) as info:
         fn(torch.randn(3))
     assert info.value.file == str(path) and info.value.line == 2
+
+
+def test_config_error_through_dynamo_is_printed_from_where_it_was_raised(tmp_path):
+    """A config typo through torch.compile(options=...) prints the user's lines, then the
+    line that raised and the error, without Dynamo's internals (it was 109 lines)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "typo.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        f"f = torch.compile(m, backend='arbiter', options={{'config': '{tmp_path}/typo.yaml'}})\n"
+        "f(torch.randn(2, 4))\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env={**__import__("os").environ,
+                                           "TORCHDYNAMO_VERBOSE": "0"})
+    assert run.returncode == 1
+    err = run.stderr.strip().splitlines()
+    trace = err[:next(k for k, line in enumerate(err) if line.startswith("arbiter.errors."))]
+    assert f"ConfigError: {tmp_path}/typo.yaml: file not found" in run.stderr
+    assert "convert_frame.py" not in run.stderr  # Dynamo's compile internals
+    assert len(trace) < 25, run.stderr
