@@ -199,3 +199,18 @@ def test_a_summary_says_which_partitions_compile_per_size(make_backend, fresh_dy
         compiled(torch.randn(n, 4))
     summary = be.report(advice=False).summary()
     assert "per shape: 1 (a compile per new size)" in summary, summary
+
+
+@pytest.mark.parametrize("config,named", [(None, "default"), ("cpu_all", "cpu_all")])
+def test_explain_and_report_name_the_model_and_config_alike(factories, capsys, config,
+                                                            named):
+    """`explain` said `model SeedMLP | config /.../configs/default.yaml` where `report`
+    says `model mlp | config default`."""
+    extra = ["--config", config] if config else []
+    heads = []
+    for cmd in (["explain", "mlp"], ["report", "mlp", "--dry-run", "--quiet"]):
+        torch._dynamo.reset()
+        assert main([*cmd, *extra]) == 0
+        out = capsys.readouterr().out
+        heads.append(next(line for line in out.splitlines() if line.startswith("model ")))
+    assert [h.rsplit(" | ", 1)[0] for h in heads] == [f"model mlp | config {named}"] * 2

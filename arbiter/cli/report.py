@@ -51,7 +51,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _label(spec, k: int) -> str:
+def config_label(spec, k: int = 0) -> str:
+    """How a report names the config ``spec`` (a shipped name, a file's stem), the same
+    in every command."""
     if spec is None:
         return "default"
     name = Path(str(spec)).stem if str(spec).endswith((".yaml", ".yml")) else str(spec)
@@ -148,7 +150,7 @@ def _compile_reports(args, configs, reports) -> None:
         for k, cfg in enumerate(configs):
             with users_errors(model, inputs, args.model, train):
                 r = build_report(model, inputs, cfg, dry_run=args.dry_run, train=train,
-                                 time_calls=args.time, label=_label(cfg, k),
+                                 time_calls=args.time, label=config_label(cfg, k),
                                  progress=progress)
             r.model = args.model
             if args.no_breaks:
