@@ -51,7 +51,14 @@ def test_dry_run_each_builtin(model, tmp_path, capsys):
                for g in rep.graphs for p in g.partitions)
     parts = sum(len(g.partitions) for g in rep.graphs)
     assert page.read_text().count('class="partition-box"') == parts
-    assert max(len(line) for line in out.splitlines()) <= 100
+    # off a terminal: tables within 100 columns where their words allow, wrapped between
+    # words, never inside one (they once read `_native_batch_nor` / `m_legit_no_traini`)
+    words = set(out.split())
+    for g in rep.graphs:
+        for op in g.ops:
+            name = op.op.removeprefix("aten.").removesuffix(".default")
+            assert name in words, (name, [w for w in words if w in name])
+    assert max(len(line) for line in out.splitlines()) <= 120
 
 
 def test_user_file_compiled_timed(tmp_path, capsys):

@@ -32,7 +32,7 @@ def cmd_explain(args) -> int:
     from ..dryrun import explain
     from .examples import load_model, users_errors
     from .models import choose_mode
-    from .report import config_label
+    from .report import config_label, write_text
 
     model, inputs = load_model(args.model)
     train, line = choose_mode(model, args)
@@ -42,7 +42,7 @@ def cmd_explain(args) -> int:
         report = explain(model, *inputs, config=args.config, backward=train)
     report.label = config_label(args.config)  # as `arbiter report` names them
     report.model = args.model
-    print(report)
+    write_text(report)
     return 0
 
 

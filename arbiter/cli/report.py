@@ -13,7 +13,8 @@ nothing compiled or loaded). Training or inference: as the model is (model.train
 built-in examples are in eval mode), --train or --inference overrides. Progress (loading,
 tracing, a bar of partitions compiled, timing) and warnings go to stderr (rich on a
 terminal, plain lines elsewhere). Off a terminal (a file, a pipe) the tables are as wide
-as their cells, not the width, and no line ends in spaces.
+as their cells up to 100 columns, wrapped between words, never inside one (wider where a
+table's words need it), and no line ends in spaces; explain and demo write alike.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 
 def add_arguments(parser) -> None:
@@ -158,12 +160,18 @@ def _compile_reports(args, configs, reports) -> None:
             reports.append(r)
 
 
-def _write(args, reports) -> None:
+def write_text(reports, width: Optional[int] = None) -> None:
+    """The text report on stdout, as every command writes it: a terminal's width (at
+    most 100) and colors there, else 100 columns where the tables' words allow."""
     from ..report.text import render
 
     tty = sys.stdout.isatty()
-    width = args.width or (min(100, shutil.get_terminal_size().columns) if tty else 100)
+    width = width or (min(100, shutil.get_terminal_size().columns) if tty else 100)
     sys.stdout.write(render(reports, width=width, color=tty, fit=tty))
+
+
+def _write(args, reports) -> None:
+    write_text(reports, args.width)
     if args.json:
         from ..report import Report
 

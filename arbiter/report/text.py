@@ -367,10 +367,40 @@ def plain(reports: Union[Report, Sequence[Report]]) -> str:
     return "\n".join(lines)
 
 
-def _rich(it: Item, fit: bool = True):
+def _cell_lines(c: Cell) -> list[str]:
+    """A cell's text, line by line, as the rich rendering lays it out."""
+    if isinstance(c, list):
+        return [Line(x).plain() if not isinstance(x, str) else x for x in c]
+    return _plain_cell(c).split("\n")
+
+
+def column_widths(t: Table, width: int) -> list[int]:
+    """Widths for ``t``'s columns within ``width`` where its words allow: every column as
+    wide as its longest line, then the widest wrapped ones narrowed, never below their
+    longest word (rows wrap between words, never inside one: an op name, a shape), nor
+    above a wrapped column's ``max_width`` unless a word needs it. A table whose words do
+    not fit is wider than ``width``."""
+    cells = [[col.name, *(x for r in t.rows for x in _cell_lines(r[k]))]
+             for k, col in enumerate(t.columns)]
+    natural = [max(len(x) for x in c) for c in cells]
+    least = [max([len(w) for x in c for w in x.split()] or [1]) if col.wrap else n
+             for c, col, n in zip(cells, t.columns, natural)]
+    out = [min(n, max(col.max_width, lo)) if col.wrap and col.max_width else n
+           for n, lo, col in zip(natural, least, t.columns)]
+    room = width - (3 * len(out) + 1)  # rich's simple box: padding and rules
+    while sum(out) > room:
+        shrink = [k for k in range(len(out)) if out[k] > least[k]]
+        if not shrink:
+            break
+        k = max(shrink, key=lambda i: out[i])
+        out[k] -= max(1, min(out[k] - least[k], sum(out) - room))
+    return out
+
+
+def _rich(it: Item, fit: bool = True, width: Optional[int] = None):
     """A rich renderable of an item. ``fit``: tables that ask to fill the width do; else
     each is as wide as its cells, its title a line above it (a title is part of a rich
-    table's width)."""
+    table's width), its columns as ``column_widths`` lays them out within ``width``."""
     if isinstance(it, Line):
         return it.markup()
     from rich import box
@@ -379,19 +409,29 @@ def _rich(it: Item, fit: bool = True):
 
     t = RichTable(title=Line(it.title).markup() if fit else None, title_justify="left",
                   box=box.SIMPLE_HEAD, expand=it.expand and fit)
-    for c in it.columns:
-        t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
-                     no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
-                     max_width=c.max_width, ratio=c.ratio)
+    if not fit and width is not None:
+        for c, w in zip(it.columns, column_widths(it, width)):
+            t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
+                         no_wrap=not c.wrap, overflow="fold", width=w)
+    else:
+        for c in it.columns:
+            t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
+                         no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis",
+                         max_width=c.max_width, ratio=c.ratio)
     for r in it.rows:
         t.add_row(*[_rich_cell(c) for c in r])
-    return t if fit else Group(Line(it.title).markup(), t)
+    if fit:
+        return t
+    from rich.constrain import Constrain
+
+    return Group(Constrain(Line(it.title).markup(), width), t)  # the title wraps at width
 
 
-def renderables(report: Report, fit: bool = True):
-    """The rich renderables of one report, summary line first."""
+def renderables(report: Report, fit: bool = True, width: Optional[int] = None):
+    """The rich renderables of one report, summary line first (``width``: see
+    ``_rich``)."""
     for it in items(report):
-        yield _rich(it, fit)
+        yield _rich(it, fit, width)
 
 
 def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
@@ -408,18 +448,25 @@ def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
         return plain(reports) + "\n"
 
     buf = io.StringIO()
+    laid = None if fit else width  # off a terminal: columns laid out by column_widths
+    if laid is not None:  # a table whose words need more than the width is wider
+        tables = [it for r in reports for it in items(r) if isinstance(it, Table)]
+        tables += [compare_table(reports)] if len(reports) > 1 else []
+        width = max([width] + [sum(column_widths(t, width)) + 3 * len(t.columns) + 1
+                               for t in tables])
+    text_width = laid or width  # lines of text keep the asked width
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False, soft_wrap=False)
     if len(reports) > 1:
-        console.print(_rich(compare_table(reports), fit))
+        console.print(_rich(compare_table(reports), fit, laid))
         console.print()
     for k, r in enumerate(reports):
         if k and fit:
             console.rule(r.label or r.config or "")
         elif k:
             console.print(f"---- {r.label or r.config or ''}", markup=False)
-        for item in renderables(r, fit):
-            console.print(item)
+        for item in renderables(r, fit, laid):
+            console.print(item, width=text_width if isinstance(item, str) else None)
     text = buf.getvalue()
     return text if color else "\n".join(x.rstrip() for x in text.split("\n"))
 
