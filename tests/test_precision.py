@@ -310,10 +310,19 @@ def test_inductor_bf16_variant_against_eager(fresh_dynamo):
     g = _graph(be)
     label = "priority with inductor:bf16"
     assert not g.accuracy.rejected and 0 < g.accuracy.errors[label] <= 5e-2
-    faster = min(("priority", label), key=lambda k: g.candidates_ms[k])
+    # the fastest measured: the whole graph at either precision, or the per-module
+    # search's mix (under load it has won: "precision: Linear x2 on float32, ReLU on
+    # inductor:bf16")
+    measured = {k: v for k, v in g.candidates_ms.items() if v is not None}
+    assert {"priority", label} <= set(measured)
+    faster = min(measured, key=measured.get)
     assert g.chosen == faster
     parts = [p for p in g.partitions if not p.inline]
-    assert {p.precision for p in parts} == {"bf16" if faster == label else "native"}
+    got = {p.precision for p in parts}
+    if faster in ("priority", label):
+        assert got == {"bf16" if faster == label else "native"}
+    else:
+        assert faster.startswith("precision: ") and "bf16" in got
     assert err <= 5e-2
 
 
