@@ -48,7 +48,7 @@ def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5,
 
     from ..arbiter import Arbiter
     from .examples import load_model
-    from .report import write_text
+    from .report import named, write_text
     from .timing import comparison, interleaved
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -66,7 +66,7 @@ def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5,
         first = time.perf_counter() - start
         err = _max_err(out, ref)
         print(f"\n-- inference: first call (compile) {first:.1f} s, max |arbiter - eager| = {err:.2e}")
-        write_text(be.report())
+        write_text(named(be.report(), model_name, config))
         for _ in range(3):  # warm up both
             model(*inputs)
             compiled(*inputs)
@@ -95,7 +95,7 @@ def run_demo(model_name: str = "gpt2_tiny", config: Any = None, rounds: int = 5,
     print(f"\n-- training step: first forward+backward (compile) {first:.1f} s, "
           f"max |grad arbiter - grad eager| = {gerr:.2e}")
     report = be_train.report()
-    write_text(report)
+    write_text(named(report, model_name, config))
     used = sorted({p.backend for g in report.graphs for p in g.partitions})
     print(f"\nbackends that ran partitions: {', '.join(used)}")
     ok = err < 1e-3 and gerr < 1e-3

@@ -32,7 +32,7 @@ def cmd_explain(args) -> int:
     from ..dryrun import explain
     from .examples import load_model, users_errors
     from .models import choose_mode
-    from .report import config_label, write_text
+    from .report import named, write_text
 
     model, inputs = load_model(args.model)
     train, line = choose_mode(model, args)
@@ -40,9 +40,7 @@ def cmd_explain(args) -> int:
     with users_errors(model, inputs, args.model, train), \
             torch.enable_grad() if train else torch.no_grad():
         report = explain(model, *inputs, config=args.config, backward=train)
-    report.label = config_label(args.config)  # as `arbiter report` names them
-    report.model = args.model
-    write_text(report)
+    write_text(named(report, args.model, args.config))
     return 0
 
 

@@ -22,7 +22,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 
 def add_arguments(parser) -> None:
@@ -158,6 +158,14 @@ def _compile_reports(args, configs, reports) -> None:
             if args.no_breaks:
                 r.graph_breaks = None
             reports.append(r)
+
+
+def named(report, model: str, config) -> Any:
+    """``report`` named as every command names it: the MODEL argument and the config's
+    ``config_label`` (not the model's class and the config's path)."""
+    report.model = model
+    report.label = config_label(config)
+    return report
 
 
 def write_text(reports, width: Optional[int] = None) -> None:
