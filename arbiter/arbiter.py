@@ -1,8 +1,8 @@
 """``Arbiter``: the torch.compile backend that splits graphs across backends.
 
 The session: the config's backends, planner, policy, calibration and resources, the
-graphs Dynamo handed it and their records; each stage lives in its own module. Call hierarchy for one Dynamo
-graph::
+graphs Dynamo handed it and their records; each stage lives in its own module. Call
+hierarchy for one Dynamo graph::
 
     Arbiter.__call__(gm, example_inputs)          # Dynamo hands us a Torch-IR graph
       run.lower.lower                             # AOTAutograd -> ATen graphs

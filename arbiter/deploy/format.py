@@ -61,6 +61,10 @@ class SavedPartition(_Model):
     artifact: Optional[SavedArtifact] = None
     not_saved: Optional[str] = None  # why it has no artifact
 
+    def saved_link(self) -> Link:
+        """The link of the entry that ran when it was saved (its artifact's)."""
+        return self.links[self.level].link()
+
 
 class SavedPlan(_Model):
     partitions: list[SavedPartition]
@@ -97,9 +101,10 @@ def read(manifest: dict, version: int, path: str) -> SavedManifest:
     except ValueError as exc:  # a label of no known mode
         raise ArbiterError(f"{path}: manifest.json is malformed ({exc})") from None
     for p in saved.plan.partitions:
-        if len(p.links) != len(p.chain) or not 0 <= p.level < max(1, len(p.links)):
+        if len(p.links) != len(p.chain) or not 0 <= p.level < len(p.links):
             raise ArbiterError(f"{path}: manifest.json is malformed (partition {p.id}: its "
-                               "links, chain and level do not agree)")
+                               "links, chain and level do not agree; a chain is never "
+                               "empty)")
     return saved
 
 

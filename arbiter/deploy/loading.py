@@ -116,7 +116,7 @@ class Loader:
         art = p.artifact
         if art is None:
             return p.not_saved or "no saved artifact"
-        base = art.backend.partition(":")[0]
+        base = p.saved_link().backend
         if base not in self.backends:
             return f"{base} is not available here ({self.missing.get(base, 'not in the config')})"
         if art.entry.get("native_code") and not self.native_code:
@@ -135,7 +135,7 @@ class Loader:
         if files is None:  # refused before its files were read
             return None, self._refused(p) or "not read"
         name = p.artifact.backend
-        backend = self.backends[name.partition(":")[0]]
+        backend = self.backends[p.saved_link().backend]
         files = files.result()  # a file refused (size, hash) raises here
         try:
             return preload(backend, p, files, opened.subs[p.id].gm, opened), ""

@@ -98,12 +98,3 @@ def _match_nodes(gm: torch.fx.GraphModule, parts: list, path: str) -> dict:
     if erased:
         gm.recompile()
     return {n.name: n for n in gm.graph.nodes}
-
-
-def symbolic_inputs(gm: torch.fx.GraphModule) -> bool:
-    """Whether a tensor input of ``gm`` has a symbolic size."""
-    return any(isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape)
-               for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"))
-
-
-

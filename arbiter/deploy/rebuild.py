@@ -1,9 +1,10 @@
 """A loaded program's partitions made runnable, on the chains they were saved with.
 
-Each compiled partition's chain is its saved artifact, loaded (``Preloaded``), then its saved links from the entry that ran when
-it was saved (the same backend compiled again from ATen, the next ones), ending in eager
-ATen; an entry whose backend is not here is left out and said in the report. The pieces
-are made as compiling makes them (run/build.py) and stitched on the saved plan."""
+Each compiled partition's chain is its saved artifact, loaded (``Preloaded``), then its
+saved links from the entry that ran when it was saved (the same backend compiled again
+from ATen, the next ones), ending in eager ATen; an entry whose backend is not here is
+left out and said in the report. The pieces are made as compiling makes them (run/build.py) and
+stitched on the saved plan."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ from ..run.dynamic import Checked
 from ..run.record import Fallback, PieceRecord
 from ..run.split import stitch
 from .format import SavedManifest, SavedPartition
-from .opening import Opened, symbolic_inputs
+from .opening import Opened
 from .program import Deployed, Program
 from .report import loaded_report
 from .shared import with_shared
@@ -61,13 +62,15 @@ def signature_of(saved: SavedManifest, path: str) -> Signature:
 
 def preload(backend: Backend, p: SavedPartition, files: dict[str, bytes], gm: torch.fx.GraphModule,
             opened: Opened) -> Preloaded:
-    """Partition ``p``'s saved artifact loaded by ``backend`` (raises what it raises); a
-    symbolic one checked per call as when it was compiled (run/dynamic.py)."""
-    art = p.artifact
-    fn = with_shared(backend.load_artifact, dict(art.entry), files, gm, shared=opened.shared)
-    if symbolic_inputs(gm):
+    """Partition ``p``'s saved artifact loaded by ``backend`` (raises what it raises); one
+    its saved link says was symbolic checked per call as when it was compiled
+    (run/dynamic.py)."""
+    link = p.saved_link()
+    fn = with_shared(backend.load_artifact, dict(p.artifact.entry), files, gm,
+                     shared=opened.shared)
+    if link.mode is Mode.SYMBOLIC:
         fn = Checked(fn, gm, [])
-    return Preloaded(backend, fn, art.backend.partition(":")[2])
+    return Preloaded(backend, fn, link.precision)
 
 
 @dataclass
@@ -89,6 +92,11 @@ class Loaded:
     versions: dict[str, str]  # python's, torch's, arbiter's and the backends' here
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def label(self) -> str:
+        """The file's name: what its pieces' logs and records call the graph."""
+        return os.path.basename(self.path)
+
 
 def chain_at_load(ld: Loaded, p: SavedPartition) -> tuple[list[Entry], list[tuple[str, str]]]:
     """The chain at load, and (entry, why) for each saved entry left out."""
@@ -97,7 +105,6 @@ def chain_at_load(ld: Loaded, p: SavedPartition) -> tuple[list[Entry], list[tupl
     chain: list[Entry] = [pre] if pre is not None else []
     if pre is None and p.artifact is not None:
         left.append((p.artifact.backend, why))
-    label = os.path.basename(ld.path)
     for saved in p.links[p.level:]:
         link = saved.link()
         if link.backend == ld.eager.name:
@@ -110,7 +117,7 @@ def chain_at_load(ld: Loaded, p: SavedPartition) -> tuple[list[Entry], list[tupl
                     ld.missing.get(link.backend, "not in the config")) + ")"))
             continue
         chain.append(entry_of(link, backend, limit=ld.config.shapes.max_specializations,
-                              tolerances=ld.config.verify.tolerances, graph_label=label))
+                              tolerances=ld.config.verify.tolerances, graph_label=ld.label))
     chain.append(Entry(ld.eager))
     return chain, left
 
@@ -136,8 +143,7 @@ def build(ld: Loaded, verify_all: Optional[str]) -> Program:
         elif verify.mode == "unverified":  # its first-use checks ran before it was saved
             verify = VerifyOptions(mode="off", tolerances=verify.tolerances)
         sub = ld.opened.subs[p.id]
-        piece = new_piece(p.id, p.planned, sub.gm, chain, os.path.basename(ld.path),
-                          ld.config, verify=verify)
+        piece = new_piece(p.id, p.planned, sub.gm, chain, ld.label, ld.config, verify=verify)
         for frm, why in left:
             piece.record.fallbacks.append(Fallback(frm, first.name, "load", why))
         records[p.id] = piece.record

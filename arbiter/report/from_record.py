@@ -433,8 +433,7 @@ def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
     total = shaped = 0
     for p in g.plan.partitions:
         rec = g.records.get(p.id)
-        running = rec.backend if rec is not None and rec.backend else p.backend
-        eager = running in backends and backends[running].inline_aten
+        eager = _runs_in_eager(g, p, backends)
         fell = bool(rec and rec.fallbacks and about_shapes(rec.fallbacks[-1].reason))
         for n in p.nodes:
             if is_getitem(n) or not tensors_in(n.meta.get("val")):
@@ -444,6 +443,14 @@ def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
                                       for r in g.plan.support[n].refusals.values())):
                 shaped += 1
     return shaped / total if total else 0.0
+
+
+def _runs_in_eager(g: GraphRecord, p: Partition, backends: Mapping[str, Backend]) -> bool:
+    """Whether partition ``p`` of ``g`` runs in eager: the backend running it (the planned
+    one before it compiled) runs ATen in place."""
+    rec = g.records.get(p.id)
+    running = rec.backend if rec is not None and rec.backend else p.backend
+    return running in backends and backends[running].inline_aten
 
 
 def is_quantization_op(name: str) -> bool:
@@ -460,9 +467,7 @@ def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]
     found: Counter = Counter()
     why = None
     for p in g.plan.partitions:
-        rec = g.records.get(p.id)
-        running = rec.backend if rec is not None and rec.backend else p.backend
-        if not (running in backends and backends[running].inline_aten):
+        if not _runs_in_eager(g, p, backends):
             continue
         for n in p.nodes:
             if n.op == "call_function" and is_quantization_op(op_name(n.target)):

@@ -397,10 +397,11 @@ def column_widths(t: Table, width: int) -> list[int]:
     return out
 
 
-def _rich(it: Item, fit: bool = True, width: Optional[int] = None):
+def _rich(it: Item, fit: bool = True, width: int = WIDTH,
+          widths: Optional[list[int]] = None):
     """A rich renderable of an item. ``fit``: tables that ask to fill the width do; else
-    each is as wide as its cells, its title a line above it (a title is part of a rich
-    table's width), its columns as ``column_widths`` lays them out within ``width``."""
+    each is as wide as its cells, its title a line above it wrapped at ``width`` (a title
+    is part of a rich table's width), its columns ``widths`` wide (``column_widths``)."""
     if isinstance(it, Line):
         return it.markup()
     from rich import box
@@ -409,8 +410,8 @@ def _rich(it: Item, fit: bool = True, width: Optional[int] = None):
 
     t = RichTable(title=Line(it.title).markup() if fit else None, title_justify="left",
                   box=box.SIMPLE_HEAD, expand=it.expand and fit)
-    if not fit and width is not None:
-        for c, w in zip(it.columns, column_widths(it, width)):
+    if widths is not None:
+        for c, w in zip(it.columns, widths):
             t.add_column(Line(c.name).markup(), justify="right" if c.right else "left",
                          no_wrap=not c.wrap, overflow="fold", width=w)
     else:
@@ -424,49 +425,47 @@ def _rich(it: Item, fit: bool = True, width: Optional[int] = None):
         return t
     from rich.constrain import Constrain
 
-    return Group(Constrain(Line(it.title).markup(), width), t)  # the title wraps at width
-
-
-def renderables(report: Report, fit: bool = True, width: Optional[int] = None):
-    """The rich renderables of one report, summary line first (``width``: see
-    ``_rich``)."""
-    for it in items(report):
-        yield _rich(it, fit, width)
+    return Group(Constrain(Line(it.title).markup(), width), t)
 
 
 def render(reports: Union[Report, Sequence[Report]], width: int = WIDTH,
            color: bool = False, fit: bool = True) -> str:
     """The text report (several reports: a comparison table, then each in full).
 
-    ``fit``: tables fill ``width`` (a terminal); else (a file, a pipe) each table is as wide
-    as its cells need, up to ``width``. Without color no line ends in spaces. Without
-    rich (the `report` extra) this is ``plain``, the rendering of ``str(report)``."""
+    ``fit``: tables fill ``width`` (a terminal); else (a file, a pipe) each table is laid
+    out by ``column_widths`` within ``width``, wider only where its words need it, and
+    lines of text keep ``width``. Without color no line ends in spaces. Without rich (the
+    `report` extra) this is ``plain``, the rendering of ``str(report)``."""
     reports = list(reports) if isinstance(reports, (list, tuple)) else [reports]
     try:
         from rich.console import Console
     except ImportError:
         return plain(reports) + "\n"
 
+    streams = [list(items(r)) for r in reports]
+    compare = [compare_table(reports)] if len(reports) > 1 else []
+    widths = {} if fit else {id(it): column_widths(it, width)
+                             for it in (*compare, *(x for s in streams for x in s))
+                             if isinstance(it, Table)}
+    wide = max([width] + [sum(w) + 3 * len(w) + 1 for w in widths.values()])
     buf = io.StringIO()
-    laid = None if fit else width  # off a terminal: columns laid out by column_widths
-    if laid is not None:  # a table whose words need more than the width is wider
-        tables = [it for r in reports for it in items(r) if isinstance(it, Table)]
-        tables += [compare_table(reports)] if len(reports) > 1 else []
-        width = max([width] + [sum(column_widths(t, width)) + 3 * len(t.columns) + 1
-                               for t in tables])
-    text_width = laid or width  # lines of text keep the asked width
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+    console = Console(file=buf, width=wide, force_terminal=color, no_color=not color,
                       highlight=False, soft_wrap=False)
-    if len(reports) > 1:
-        console.print(_rich(compare_table(reports), fit, laid))
+
+    def show(it: Item) -> None:
+        console.print(_rich(it, fit, width, widths.get(id(it))),
+                      width=width if isinstance(it, Line) else None)
+
+    for it in compare:
+        show(it)
         console.print()
-    for k, r in enumerate(reports):
+    for k, (r, stream) in enumerate(zip(reports, streams)):
         if k and fit:
             console.rule(r.label or r.config or "")
         elif k:
             console.print(f"---- {r.label or r.config or ''}", markup=False)
-        for item in renderables(r, fit, laid):
-            console.print(item, width=text_width if isinstance(item, str) else None)
+        for it in stream:
+            show(it)
     text = buf.getvalue()
     return text if color else "\n".join(x.rstrip() for x in text.split("\n"))
 

@@ -1,9 +1,10 @@
 """A plan made callable: a lazily compiled piece per partition, stitched into one graph.
 
-One ``Piece`` per partition that a backend compiles (its chain's links from ``Planner.chain_for`` in the modes its shapes call for,
-``dynamic.shape_links``, made runnable by ``assemble``), inline (eager) partitions run in
-place, all stitched into one GraphModule (``split.stitch``). ``assemble`` and
-``new_piece`` serve the loader too (arbiter/deploy/loading.py).
+One ``Piece`` per partition that a backend compiles (its chain's links from
+``Planner.chain_for`` in the modes its shapes call for, ``dynamic.shape_links``, made
+runnable by ``assemble``), inline (eager) partitions run in place, all stitched into one
+GraphModule (``split.stitch``). ``instantiate``, ``entry_of`` and ``new_piece`` serve the
+loader too (arbiter/deploy/).
 
 Pieces are shared through a dict the caller keeps per graph, by (chain, nodes): a
 partition that two candidate plans of a graph have in common compiles once (policy
@@ -17,11 +18,11 @@ from typing import Any, Optional
 import torch
 
 from ..config import Config, VerifyOptions
+from ..backend import Backend
 from ..plan.partition import Plan
 from ..plan.planner import Planner
-from ..backend import Backend
 from ..registry import get_backend_class
-from .chain import Entry, Link, Mode
+from .chain import Entry, Link, Mode, link_of
 from .dynamic import PerShape, Symbolic, shape_links
 from .checks.first_use import FirstUse
 from .piece import Piece, PieceRecord
@@ -69,6 +70,7 @@ def new_piece(part_id: int, planned: str, gm: torch.fx.GraphModule, chain: Seque
     return Piece(record, gm, chain, graph_label, verify=verify or config.verify,
                  compile_timeout_s=config.compile_timeout_s, **extra)
 
+
 #: Pieces of one graph's plans: (chain's backend names, node names) -> (its
 #: ``split.extract`` result, the piece).
 Pieces = dict
@@ -104,7 +106,7 @@ class Builder:
             chain = self._planner.chain_for(plan, part)
             if chain[0].inline_aten or self._dry_run:
                 record = PieceRecord.of_links(part.id, part.backend,
-                                              [Entry(b).link for b in chain])
+                                              [link_of(b) for b in chain])
                 record.backend = part.backend if not self._dry_run else ""
                 records[part.id] = record
                 inline.add(part.id)

@@ -49,6 +49,11 @@ class Link:
         return self.name if self.mode is Mode.STATIC else f"{self.name} ({self.mode.value})"
 
 
+def link_of(backend: Backend, mode: Mode = Mode.STATIC) -> Link:
+    """The link of ``backend`` (a variant: its base's name and its precision) in ``mode``."""
+    return Link(backend.base_name or backend.name, backend.precision, mode)
+
+
 class Entry:
     """A backend compiling a partition as it is (``Mode.STATIC``); the base of the other
     modes' entries."""
@@ -60,8 +65,7 @@ class Entry:
 
     @property
     def link(self) -> Link:
-        b = self.backend
-        return Link(b.base_name or b.name, b.precision, self.mode)
+        return link_of(self.backend, self.mode)
 
     @property
     def name(self) -> str:
@@ -92,8 +96,3 @@ class Entry:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label}>"
-
-
-def labels(chain: Sequence[Entry]) -> list[str]:
-    """The chain's labels, for the report."""
-    return [e.label for e in chain]

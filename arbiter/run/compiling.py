@@ -46,8 +46,8 @@ def compile_for(backend: Entry, gm: torch.fx.GraphModule, args: list,
                 timeout: Optional[float]) -> tuple[Callable, torch.fx.GraphModule]:
     """``backend.compile(gm, args)`` (a chain entry) on the graph as that entry gets it
     (``Entry.graph_for``: the nodes its manifest wants decomposed, decomposed for it
-    alone; the next entries and eager get ``gm`` as it is), and that graph; with a ``timeout``, in a helper thread waited for at
-    most that long (CompileTimeout after).
+    alone; the next entries and eager get ``gm`` as it is), and that graph; with a
+    ``timeout``, in a helper thread waited for at most that long (CompileTimeout after).
 
     Python cannot stop a thread: a compile that hangs keeps running in its (daemon)
     thread, holding what it holds, and its result is dropped. The helper thread gets the

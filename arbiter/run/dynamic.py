@@ -39,7 +39,7 @@ from ..ops import all_finite, output_values
 from ..backend import Backend
 from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
                       inputs_at, second_assignment, shape_env_of, tied_groups)
-from .chain import Entry, Link, Mode
+from .chain import Entry, Link, Mode, link_of
 from .checks.verify import compare
 
 log = logging.getLogger(__name__)
@@ -59,15 +59,13 @@ def shape_links(chain: Sequence[Backend], gm: torch.fx.GraphModule, per_shape: s
     ``per_shape``: backends some node of the partition may run on only per concrete shape.
     Symbolic: the backends that may take the symbols (in chain order), then every compiling
     backend per shape (when ``limit`` > 0), then the inline fallback."""
-    links = [Entry(b).link for b in chain]
     if not graph_is_symbolic(gm):
-        return links
-    compiling = [(b, k) for b, k in zip(chain, links) if not b.inline_aten]
-    out = [Link(k.backend, k.precision, Mode.SYMBOLIC) for b, k in compiling
-           if b.name not in per_shape]
+        return [link_of(b) for b in chain]
+    compiling = [b for b in chain if not b.inline_aten]
+    out = [link_of(b, Mode.SYMBOLIC) for b in compiling if b.name not in per_shape]
     if limit > 0:
-        out += [Link(k.backend, k.precision, Mode.PER_SHAPE) for _, k in compiling]
-    return out + [k for b, k in zip(chain, links) if b.inline_aten]
+        out += [link_of(b, Mode.PER_SHAPE) for b in compiling]
+    return out + [link_of(b) for b in chain if b.inline_aten]
 
 
 # -- one artifact for every size -------------------------------------------------------

@@ -20,13 +20,15 @@ so 4 finds nothing there anyway; 2 and 3 cost an exported decoder partitions, le
 """
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.fx
 
-log = logging.getLogger(__name__)
+from ..decompose import split_dropout
+from .fold import fold_constants
+from .legacy_cat import drop_legacy_empty
+from .lower import hoist_size_arithmetic
 
 
 @dataclass(frozen=True)
@@ -38,35 +40,11 @@ class Pass:
     optional: bool = False  # runs only when the caller asks for it by name
 
 
-def _hoist(gm: torch.fx.GraphModule) -> object:
-    from .lower import hoist_size_arithmetic
-
-    return hoist_size_arithmetic(gm)
-
-
-def _legacy(gm: torch.fx.GraphModule) -> object:
-    from .legacy_cat import drop_legacy_empty
-
-    return drop_legacy_empty(gm)
-
-
-def _fold(gm: torch.fx.GraphModule) -> object:
-    from .fold import fold_constants
-
-    return fold_constants(gm)
-
-
-def _dropout(gm: torch.fx.GraphModule) -> object:
-    from ..decompose import split_dropout
-
-    return split_dropout(gm)
-
-
 PASSES = (
-    Pass("hoist_size_arithmetic", _hoist, rewrites=False),
-    Pass("drop_legacy_empty", _legacy),
-    Pass("fold_constants", _fold, inference_only=True),
-    Pass("split_dropout", _dropout, optional=True),
+    Pass("hoist_size_arithmetic", hoist_size_arithmetic, rewrites=False),
+    Pass("drop_legacy_empty", drop_legacy_empty),
+    Pass("fold_constants", fold_constants, inference_only=True),
+    Pass("split_dropout", split_dropout, optional=True),
 )
 
 

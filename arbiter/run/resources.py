@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Optional
 
 from ..backend import bounded_threads, usable_cpus
-from ..errors import warn_at_user_line
+from ..errors import warn_once
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,6 @@ _lock = threading.Lock()
 _budget: Optional[Budget] = None
 _in_force: dict[str, Any] = {}       # "torch" / backend name -> its settings
 _configured: set[str] = set()        # backends already given the budget
-_warned: set[str] = set()            # conflicting settings already warned about
 
 
 def apply(options: Any, backends: Iterable[Any], first_backend: str = "none",
@@ -165,9 +164,8 @@ def apply(options: Any, backends: Iterable[Any], first_backend: str = "none",
                    "stay (torch's thread count is the user's to change; ONNX Runtime's "
                    "arena exists from its first session; OMP_WAIT_POLICY from torch's "
                    "import)")
-            if diffs and msg not in _warned:  # once per message, at the user's line
-                _warned.add(msg)
-                warn_at_user_line(msg, RuntimeWarning)
+            if diffs:
+                warn_once(msg, RuntimeWarning)  # once per message, at the user's line
         budget = _budget
         own = replace(budget, spin=wanted.spin)
         for backend in backends:
