@@ -52,3 +52,38 @@ def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo):
     compute = [p for p in parts if p.backend != "eager" or p.planned_backend != "eager"]
     assert all(p.backend == "onnxruntime" and not p.fallbacks for p in compute), str(rep)
     assert any(p.shapes == "symbolic" for p in parts), str(rep)
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_exported_decoder_with_a_dynamic_length_stays_symbolic_after_load(backend, tmp_path):
+    """A Llama-style decoder exported with its length a symbol: its rotary tables
+    (``alias``, ``cos``, ``sin``) and causal mask (``bitwise_and`` of two masks) are
+    probed dynamic, so the loaded partition is one symbolic artifact (was compiled per
+    length, eight of them, then ran in eager)."""
+    pytest.importorskip(backend)
+    model, ids, _ = tiny_llama(1)
+    step = _Logits(model).eval()
+    length = torch.export.Dim("length", min=4, max=48)
+    prog = arbiter.export(step, (ids,), dynamic_shapes={"ids": {1: length}},
+                          config={"backends": [backend], "against_eager": "off",
+                                  "cache": {"enabled": False}})
+    path = tmp_path / "decoder.arbiter"
+    prog.save(path)
+    loaded = arbiter.load(path)
+    with torch.no_grad():
+        for n in (8, 5, 13, 21, 30, 9, 40, 17, 11, 25):  # more lengths than per-shape allows
+            x = torch.randint(0, 128, (2, n))
+            torch.testing.assert_close(loaded(x), step(x))
+    rep = loaded.report()
+    parts = [p for g in rep.graphs for p in g.partitions]
+    big = max(parts, key=lambda p: p.nodes)
+    assert big.backend == backend and big.shapes == "symbolic" and not big.fallbacks, str(rep)

@@ -3,9 +3,10 @@
 Graphs from Dynamo and AOTAutograd hold overloads that no OpInfo sample traces to:
 ``pow.Tensor_Scalar`` (only inside ``local_response_norm``), ``div.Scalar`` (from
 decompositions), ``ge.Scalar`` and the other comparisons with a number (OpInfo's
-comparison samples compare tensors), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of a symbolic length
-(GPT-2's positions: OpInfo's ``arange`` samples take no tensor, so nothing varies). A model full of them (GPT-2's
-``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
+comparison samples compare tensors), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of
+a symbolic length (GPT-2's positions: OpInfo's ``arange`` samples take no tensor, so
+nothing varies), ``alias`` and ``bitwise_and`` of two masks (a decoder's rotary tables and
+causal mask under ``torch.export``). A model full of them (GPT-2's ``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
 overload directly, with sizes computed from its inputs (a fixed target size would pin
 the symbols), and goes through the same probe as an OpInfo sample
 (``arbiter.probe.dynamic``): it quacks like an OpInfo (``name``, ``aten_name``,
@@ -29,7 +30,7 @@ class OpSample:
     skip_correctness_check_compile_vs_eager = False
 
     def __init__(self, overload: str, op: Callable, shapes: Sequence[Sequence[tuple]],
-                 args: tuple = (), positive: bool = False):
+                 args: tuple = (), positive: bool = False, masks: bool = False):
         self.name = f"aten.{overload}"
         self.aten_name = overload.split(".")[0]
         self.overload = overload
@@ -37,16 +38,18 @@ class OpSample:
         self._shapes = [list(s) for s in shapes]
         self._args = args
         self._positive = positive
+        self._masks = masks
 
     def supported_dtypes(self, device: str) -> set:
-        return {torch.float32, torch.float64}
+        return {torch.bool} if self._masks else {torch.float32, torch.float64}
 
     def sample_inputs(self, device: str, dtype: torch.dtype, requires_grad: bool = False):
         from torch.testing._internal.opinfo.core import SampleInput
 
         g = torch.Generator().manual_seed(0)
         for shapes in self._shapes:
-            ts = [torch.randn(s, generator=g, dtype=dtype, device=device) for s in shapes]
+            ts = [torch.randn(s, generator=g, device=device) for s in shapes]
+            ts = [t > 0 if self._masks else t.to(dtype) for t in ts]
             if self._positive:
                 ts = [t.abs() + 0.5 for t in ts]
             yield SampleInput(ts[0], args=(*ts[1:], *self._args))
@@ -99,6 +102,10 @@ SAMPLES: dict[str, OpSample] = {s.overload: s for s in (
     *(OpSample(f"{c}.Scalar", getattr(aten, c).Scalar, [[(4, 5, 6)]], (0.25,))
       for c in ("ge", "gt", "le", "lt", "eq", "ne")),
     OpSample("_unsafe_view.default", _unsafe_view, [[(4, 5, 6)], [(3, 7, 2)]]),
+    # a decoder's rotary tables and causal masks (Llama under torch.export)
+    OpSample("alias.default", aten.alias.default, [[(4, 5, 6)]]),
+    OpSample("bitwise_and.Tensor", aten.bitwise_and.Tensor, [[(4, 5, 6), (4, 5, 6)]],
+             masks=True),
     # sizes that are ints of the graph (a position index up to the sequence length)
     OpSample("arange.default", _arange, [[(5, 3)]]),
     OpSample("arange.start", _arange_start, [[(5, 3)]]),
