@@ -39,7 +39,7 @@ def test_grouped_query_attention_compiles_symbolically_on_onnxruntime(fresh_dyna
     assert any(p.shapes == "symbolic" for p in parts), str(be.report(advice=False))
 
 
-def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo):
+def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo, capfd):
     model, ids, kw = tiny_llama(10)
     with torch.no_grad():
         want = model.generate(ids, **kw)
@@ -52,6 +52,9 @@ def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo):
     compute = [p for p in parts if p.backend != "eager" or p.planned_backend != "eager"]
     assert all(p.backend == "onnxruntime" and not p.fallbacks for p in compute), str(rep)
     assert any(p.shapes == "symbolic" for p in parts), str(rep)
+    # the second-shape check's expected failure (the symbols moved apart) is arbiter's
+    # to judge: ONNX Runtime's own error log stays off the user's stderr
+    assert "onnxruntime" not in capfd.readouterr().err
 
 
 class _Logits(torch.nn.Module):
