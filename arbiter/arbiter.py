@@ -171,6 +171,7 @@ class Arbiter:
         calib = Calibrations(self.planner, cache, opts.file, opts.time_budget_s,
                              measure=not self.dry_run, progress=opts.progress)
         self.planner.calibration = calib.get
+        self.planner.observe = calib.observe
         return calib
 
     def apply_resources(self, training: bool = False) -> dict[str, Any]:

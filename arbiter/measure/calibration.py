@@ -20,6 +20,7 @@ import os
 import platform
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -29,8 +30,10 @@ from ..cache import Cache
 from ..errors import ArbiterError
 from .loadavg import load_average, load_per_core
 from ..ops import real_tensors
-from ..plan.predict import BackendCalibration
+from ..plan.predict import BackendCalibration, predict
 from .calibration_cells import CELLS, Calibrator, Measured
+from .feedback import Feedback, correction, observations
+from .feedback import forget as forget_feedback
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,7 @@ class Calibrations:
         self._measure = measure
         self._progress = progress
         self._got: Optional[dict[str, Measured]] = None
+        self._feedback: Optional[Feedback] = None  # set by _load, unless pinned
         self.source = ""  # "file <path>", "measured", "cache": the report says it
         self.measuring_s = 0.0  # spent measuring (a graph's planning time leaves it out)
 
@@ -204,8 +208,30 @@ class Calibrations:
         for name, m in self.measured(measure).items():
             c = m.calibration(self._planner.backends[name].inline_aten)
             if c is not None:
-                out[name] = c
+                ratios = self._feedback.ratios(name, m.taken or "") \
+                    if self._feedback is not None else []
+                out[name] = replace(c, observed=correction(ratios), observed_n=len(ratios))
         return out
+
+    def observe(self, candidates: Any, only: str) -> None:
+        """Feed a first call's timed candidates back (measure/feedback.py): each one
+        on a single backend corrects that backend's later predictions. Nothing with a
+        pinned calibration file."""
+        if self._feedback is None or self._got is None:
+            return
+        raw = {n: c for n, m in self._got.items()
+               if (c := m.calibration(self._planner.backends[n].inline_aten)) is not None}
+
+        def predicted(plan: Any) -> Optional[float]:
+            got = predict(plan, self._planner.inline, raw)
+            return None if got.uncalibrated or got.ms <= 0 else got.ms
+
+        for backend, ratio in observations(candidates, only, predicted):
+            m = self._got.get(backend)
+            if m is not None:
+                self._feedback.observe(backend, m.taken or "", ratio)
+                log.info("calibration of %s: a candidate measured %.2fx its prediction; "
+                         "fed back", backend, ratio)
 
     def cached(self) -> dict[str, BackendCalibration]:
         """What the file, memory or cache holds for this planner's backends, nothing
@@ -219,6 +245,7 @@ class Calibrations:
             return {n: m for n, m in pinned.items() if n in self.names}
         threads = torch.get_num_threads()
         keys = {n: _key(key_parts(self._planner.backends[n], threads)) for n in self.names}
+        self._feedback = Feedback(self._cache, keys)
         have: dict[str, Measured] = {}
         for n, k in keys.items():
             if self._again:
@@ -285,6 +312,7 @@ def forget() -> None:
     with _LOCK:
         _MEMO.clear()
         _FAILED.clear()
+    forget_feedback()
 
 
 def backend_row(calib: Optional[BackendCalibration]) -> str:
@@ -301,4 +329,9 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
         unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
         parts.append(f"{cls} {rate:.3g} {unit}")
     parts += [f"{kind} blocks x{f:.2f} of op by op" for kind, f in calib.factors.items()]
+    if calib.observed_n:
+        parts.append(f"predictions x{calib.observed:.2f} from {calib.observed_n} timings "
+                     "of first calls here" if calib.observed != 1.0 else
+                     f"{calib.observed_n} timing(s) of first calls here, too few to "
+                     "correct its predictions")
     return ", ".join(parts)

@@ -26,7 +26,7 @@ import torch.fx
 from ..cache import Cache
 from ..plan.partition import Plan
 from ..plan.planner import Planner
-from ..plan.policy import PRIORITY, Candidate, TimedChoice
+from ..plan.policy import ONLY, PRIORITY, Candidate, TimedChoice
 from ..run.piece import PieceRecord
 from ..run.record import GraphRecord
 from . import decision, tune
@@ -191,6 +191,8 @@ class MeasuredGraph:
                             "measuring again", self._label,
                             hit.get("label") if isinstance(hit, dict) else None)
         self._measure(args)
+        if self._planner.observe is not None:  # measured: correct later predictions
+            self._planner.observe(self.candidates, ONLY)
         chosen = self._held(self._pick())
         self._install(chosen)
         if entry is not None:

@@ -42,6 +42,9 @@ class Planner:
         #: (set by the Arbiter: ``measure.calibration.Calibrations.get``; called with
         #: False, nothing is measured); None: the static table prices every backend
         self.calibration: Optional[Callable[..., dict]] = None
+        #: fed a first call's timed candidates, to correct later predictions (set by the
+        #: Arbiter: ``measure.calibration.Calibrations.observe``)
+        self.observe: Optional[Callable[..., None]] = None
         self.table = self.table_for(list(self.backends.values()))
         self.fallback_name = self.table.fallback_name
 

@@ -64,12 +64,16 @@ FACTOR_MIN_NODES = 12
 class BackendCalibration:
     """One backend's measured costs on this machine (see the module docstring).
     ``factors``: kind -> a whole block's measured time over its op-by-op prediction (what
-    fusing, layouts and scheduling across ops do to it on this backend)."""
+    fusing, layouts and scheduling across ops do to it on this backend). ``observed``:
+    the factor this machine's measured candidates correct its predictions by, from
+    ``observed_n`` timings (measure/feedback.py; 1.0 before there are enough)."""
 
     call_us: float
     node_us: float
     cells: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     factors: dict[str, float] = field(default_factory=dict)
+    observed: float = 1.0
+    observed_n: int = 0
 
     def op_us(self, cls: str, work: float, flops: bool) -> Optional[float]:
         """One node's microseconds (its ``node_us`` included) from its class and work
@@ -234,12 +238,13 @@ def predict(plan: Plan, inline: set[str], calibration: dict[str, BackendCalibrat
         compute = sum(cls != "free" for cls, _, _ in works)
         if calib is not None and calib.factors and compute >= FACTOR_MIN_NODES:
             part_us *= calib.factors.get(block_kind(works), 1.0)
-        total += part_us
+        observed = calib.observed if calib is not None else 1.0
+        total += part_us * observed
         if part.backend in inline:
             continue
         crossing = {i for n in part.nodes for i in n.all_input_nodes if i not in members}
         crossing |= {n for n in part.nodes if any(u not in members for u in n.users)}
-        call = calib.call_us if calib is not None else table.of(part.backend).call_us
+        call = calib.call_us * observed if calib is not None else table.of(part.backend).call_us
         total += call + table.boundary_us * len(crossing)
     out.ms = total / 1e3
     return out
