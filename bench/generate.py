@@ -17,7 +17,7 @@ Models (random weights from transformers configs, hidden 256, vocab 1000):
   gpt2   GPT2LMHeadModel, 2 layers, 4 heads
 
     .venv/bin/python bench/generate.py [--models llama gpt2] [--cache static dynamic]
-        [--batch 1 4] [--prompt 16] [--new 32] [--rounds 5]
+        [--batch 1 4] [--prompt 16] [--new 32] [--rounds 5] [--cache-len N]
         [--contenders eager inductor openvino arbiter:default arbiter:cpu_all]
 
 Prints a markdown table per (model, cache, batch), the load average before and after,
@@ -56,16 +56,25 @@ def build(name: str):
 
 
 def worker(model_name: str, contender: str, cache: str, batch: int, prompt: int,
-           new: int) -> None:
-    """One contender: reads a line per round from stdin, answers a JSON line."""
+           new: int, cache_len: int = 0) -> None:
+    """One contender: reads a line per round from stdin, answers a JSON line.
+    ``cache_len``: a static cache of that many positions (a new one per generate)."""
     import torch
 
     model = build(model_name)
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 1000, (batch, prompt), generator=gen)
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
-    if cache == "static":
-        kw["cache_implementation"] = "static"
+    base = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    if cache == "static" and not cache_len:
+        base["cache_implementation"] = "static"
+
+    def kw() -> dict:  # with a fresh static cache of cache_len positions per generate
+        if cache == "static" and cache_len:
+            from transformers import StaticCache
+
+            return {**base, "past_key_values": StaticCache(config=model.config,
+                                                           max_cache_len=cache_len)}
+        return base
     if contender == "inductor":
         model.forward = torch.compile(model.forward)
     elif contender == "openvino":
@@ -84,7 +93,7 @@ def worker(model_name: str, contender: str, cache: str, batch: int, prompt: int,
             with torch.no_grad():
                 if what == "first":
                     start = time.perf_counter()
-                    tokens = model.generate(ids, max_new_tokens=new, **kw)
+                    tokens = model.generate(ids, max_new_tokens=new, **kw())
                     out = {"first_s": time.perf_counter() - start,
                            "tokens": tokens[:, prompt:].tolist()}
                     if contender.startswith("arbiter:"):
@@ -94,10 +103,10 @@ def worker(model_name: str, contender: str, cache: str, batch: int, prompt: int,
                         out["ran"] = rep.summary() if rep is not None else ""
                 else:
                     start = time.perf_counter()
-                    model.generate(ids, max_new_tokens=1, **kw)
+                    model.generate(ids, max_new_tokens=1, **kw())
                     one = time.perf_counter() - start
                     start = time.perf_counter()
-                    model.generate(ids, max_new_tokens=new, **kw)
+                    model.generate(ids, max_new_tokens=new, **kw())
                     many = time.perf_counter() - start
                     out = {"ttft_ms": one * 1e3, "per_token_ms": (many - one) * 1e3 / (new - 1)}
         except Exception as exc:  # noqa: BLE001 - a contender's failure is a result
@@ -124,7 +133,7 @@ def run_case(args, model: str, cache: str, batch: int) -> None:
                "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, c, "inductor")}
         procs[c] = subprocess.Popen(
             [sys.executable, __file__, "--worker", model, c, cache, str(batch),
-             str(args.prompt), str(args.new)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+             str(args.prompt), str(args.new), str(args.cache_len)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env)
 
     def ask(c: str, what: str) -> dict:
@@ -148,7 +157,8 @@ def run_case(args, model: str, cache: str, batch: int) -> None:
         p.stdin.close()
         p.wait(timeout=60)
     want = first.get("eager", {}).get("tokens")
-    print(f"\n#### {model}, {cache} cache, batch {batch}, prompt {args.prompt}, "
+    size = f" of {args.cache_len} positions" if cache == "static" and args.cache_len else ""
+    print(f"\n#### {model}, {cache} cache{size}, batch {batch}, prompt {args.prompt}, "
           f"{args.new} new tokens\n")
     print("| contender | first generate s | tokens equal eager's | TTFT ms | ms/token | "
           "ms/token vs Inductor | what ran |")
@@ -176,8 +186,8 @@ def run_case(args, model: str, cache: str, batch: int) -> None:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _, _, model, c, cache, batch, prompt, new = sys.argv
-        worker(model, c, cache, int(batch), int(prompt), int(new))
+        _, _, model, c, cache, batch, prompt, new, cache_len = sys.argv
+        worker(model, c, cache, int(batch), int(prompt), int(new), int(cache_len))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["llama", "gpt2"])
@@ -186,6 +196,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cache-len", type=int, default=0,
+                    help="static caches of this many positions (default: prompt + new)")
     ap.add_argument("--contenders", nargs="+", default=CONTENDERS)
     args = ap.parse_args()
     print(f"{cpu_name()}, {os.cpu_count()} cores; load average at start: "

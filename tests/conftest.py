@@ -225,3 +225,13 @@ def tiny_llama(new_tokens: int, **generate_kw):
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
               do_sample=False, pad_token_id=0, **generate_kw)
     return model, ids, kw
+
+
+def generate_both(model, ids, kw: dict, options: dict):
+    """Greedy ``generate()`` in eager, then with the model's forward compiled by arbiter
+    under ``options``: (eager's tokens, arbiter's)."""
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        model.forward = torch.compile(model.forward, backend="arbiter", options=options)
+        got = model.generate(ids, **kw)
+    return want, got

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import arbiter
 
-from conftest import tiny_llama
+from conftest import generate_both, tiny_llama
 
 pytest.importorskip("onnxruntime")
 
@@ -41,11 +41,8 @@ def test_grouped_query_attention_compiles_symbolically_on_onnxruntime(fresh_dyna
 
 def test_dynamic_cache_generate_stays_on_a_backend(fresh_dynamo, capfd):
     model, ids, kw = tiny_llama(10)
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-        model.forward = torch.compile(model.forward, backend="arbiter", options={
-            "backends": ["onnxruntime"], "against_eager": "off", "cache": {"enabled": False}})
-        got = model.generate(ids, **kw)
+    want, got = generate_both(model, ids, kw, {"backends": ["onnxruntime"], "against_eager": "off",
+                                               "cache": {"enabled": False}})
     assert torch.equal(got, want)
     rep = arbiter.report_for(model.forward)
     parts = [p for g in rep.graphs for p in g.partitions]

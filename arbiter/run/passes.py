@@ -7,16 +7,20 @@ through ``apply`` once, in ``PASSES`` order:
    the top, so no backend's run is cut around it. Only moves nodes.
 2. ``drop_legacy_empty`` (run/legacy_cat.py): a cache's first ``cat(empty(0), key)``
    becomes one without the empty tensor, which ONNX and OpenVINO cannot concatenate.
-3. ``fold_constants`` (run/fold.py), inference graphs: what reads no input (position
+3. ``write_caches_in_place`` (run/cache_writes.py), inference graphs: a static KV
+   cache's functional write and its trailing ``copy_`` back become one in-place
+   ``index_copy_`` into the user's buffer (large caches only).
+4. ``fold_constants`` (run/fold.py), inference graphs: what reads no input (position
    ids, masks) computed once and made a constant.
-4. ``split_dropout`` (decompose/dropout.py), config ``random: eager`` unless a rule
+5. ``split_dropout`` (decompose/dropout.py), config ``random: eager`` unless a rule
    names the dropout: eager draws dropout masks apart from the data.
 
 Exported graphs (``arbiter.export``) get the passes that only move nodes (1). The others
 rewrite nodes, while a saved program keeps the exported program untouched and its plan
 names that program's nodes (arbiter/deploy/): a load reads the program again, and a plan
 cut on a rewritten graph would not cover it. (An exported program is traced in eval mode,
-so 4 finds nothing there anyway; 2 and 3 cost an exported decoder partitions, left so.)
+so 5 finds nothing there anyway, and ``arbiter.export`` refuses a model that writes its
+buffers, so 3 neither; 2 and 4 cost an exported decoder partitions, left so.)
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch.fx
 
 from ..decompose import split_dropout
+from .cache_writes import write_caches_in_place
 from .fold import fold_constants
 from .legacy_cat import drop_legacy_empty
 from .lower import hoist_size_arithmetic
@@ -43,6 +48,7 @@ class Pass:
 PASSES = (
     Pass("hoist_size_arithmetic", hoist_size_arithmetic, rewrites=False),
     Pass("drop_legacy_empty", drop_legacy_empty),
+    Pass("write_caches_in_place", write_caches_in_place, inference_only=True),
     Pass("fold_constants", fold_constants, inference_only=True),
     Pass("split_dropout", split_dropout, optional=True),
 )
