@@ -12,6 +12,9 @@ contender after another, so load falls on all alike (interleaved). In its proces
   step) and one of ``--new`` tokens; ms per generated token is their difference over
   ``--new - 1`` steps.
 
+``arbiter:CONFIG/copies`` keeps a static cache's functional write and its copy back
+into the user's buffer whatever the cache's size (what ran before run/cache_writes.py).
+
 Models (random weights from transformers configs, hidden 256, vocab 1000):
   llama  LlamaForCausalLM, 2 layers, 8 query heads over 2 key/value heads (grouped-query)
   gpt2   GPT2LMHeadModel, 2 layers, 4 heads
@@ -84,8 +87,13 @@ def worker(model_name: str, contender: str, cache: str, batch: int, prompt: int,
     elif contender.startswith("arbiter:"):
         import arbiter  # noqa: F401
 
+        config, _, variant = contender.split(":", 1)[1].partition("/")
+        if variant == "copies":  # the static cache's functional write kept, as before
+            from arbiter.run import cache_writes
+
+            cache_writes.MIN_BYTES = float("inf")
         model.forward = torch.compile(model.forward, backend="arbiter",
-                                      options={"config": contender.split(":", 1)[1]})
+                                      options={"config": config})
     for line in sys.stdin:
         what = json.loads(line)
         out: dict = {}

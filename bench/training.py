@@ -19,7 +19,7 @@ the step time. The loss is the mean square of the model's output; SGD with momen
 The first step's loss is checked against eager's (same seed, dropout aside: dropout's
 draws are eager's in every variant but Inductor's, so only arbiter's must match).
 
-    .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5]
+    .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5] [--background]
         [--variants eager inductor arbiter:default arbiter:untimed arbiter:cpu_all
                     arbiter:measure arbiter:random_backend]
 """
@@ -145,17 +145,37 @@ def one(name: str, variant: str, steps: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+#: A deliberate background load (``--background``): a second process multiplying
+#: matrices on one thread until the bench ends (half of a 2-core machine).
+BACKGROUND = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
+              "while True:\n    a = torch.tanh(a @ a)\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--variants", nargs="+", default=VARIANTS)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--background", action="store_true",
+                    help="run beside a second process's matmul loop on one thread")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print("RESULT " + json.dumps(one(*args.one, args.steps)), flush=True)
         return 0
-    print(f"load average at start: {os.getloadavg()}", flush=True)
+    background = subprocess.Popen([sys.executable, "-c", BACKGROUND]) \
+        if args.background else None
+    try:
+        return _bench(args)
+    finally:
+        if background is not None:
+            background.kill()
+
+
+def _bench(args) -> int:
+    print(f"load average at start: {os.getloadavg()}"
+          + ("; a background matmul loop on one thread runs beside" if args.background
+             else ""), flush=True)
     print("| model | variant | first step s | step ms (median) [min-max] | vs faster of "
           "eager/Inductor | peak RSS MB | first loss |")
     print("|---|---|---:|---:|---:|---:|---:|", flush=True)
