@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from arbiter.ops import is_dequantize, is_quantization_op, op_name
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
@@ -81,6 +82,27 @@ _EMPTY = empty_reduction("OpenVINO")
 _POW = integer_pow("OpenVINO's CPU plugin computes integers in 32 bits (3**39 is "
                    "-2147483647)")
 
+def _quantize_into_dequantize(node) -> Optional[str]:
+    """OpenVINO's frontend makes a quantize and the dequantize reading it one FakeQuantize:
+    a quantize whose integer codes leave it otherwise fails at run ("infer_request"),
+    found by ``arbiter probe openvino --ops quantized_decomposed``."""
+    if node.users and all(is_dequantize(u) for u in node.users):
+        return None
+    return "a quantize runs only into dequantize nodes (OpenVINO makes the pair a FakeQuantize)"
+
+
+def _dequantize_of_quantized(node) -> Optional[str]:
+    """A dequantize of integer codes that are a graph input returned them as integers
+    (traced float32); of a quantize (FakeQuantize) or of constant weights it is right."""
+    codes = node.args[0] if node.args else None
+    if isinstance(codes, torch.fx.Node) and (codes.op == "get_attr" or (
+            codes.op == "call_function" and is_quantization_op(op_name(codes.target))
+            and not is_dequantize(codes))):
+        return None
+    return ("a dequantize reads a quantize or constant weights here (of a graph input it "
+            "returned the integer codes)")
+
+
 VALIDATORS = {
     "aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
     "aten.concatenate.default": _cat_of_legacy_empty,
@@ -90,4 +112,8 @@ VALIDATORS = {
     "aten.remainder": _floating_remainder, "aten.fmod": _floating_remainder,
     "aten._embedding_bag": _embedding_bag, "aten._embedding_bag_forward_only": _embedding_bag,
     "aten.embedding_bag": _embedding_bag,
+    **{f"quantized_decomposed.quantize_per_{k}": _quantize_into_dequantize
+       for k in ("tensor", "channel")},
+    **{f"quantized_decomposed.dequantize_per_{k}": _dequantize_of_quantized
+       for k in ("tensor", "channel")},
 }

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ..ops import is_getitem, op_name, tensors_in
+from ..ops import is_getitem, is_quantization_op, op_name, tensors_in
 from ..plan.partition import Partition, Plan
 from ..plan.rules import names
 from ..backend import Backend
@@ -451,13 +451,6 @@ def _runs_in_eager(g: GraphRecord, p: Partition, backends: Mapping[str, Backend]
     rec = g.records.get(p.id)
     running = rec.backend if rec is not None and rec.backend else p.backend
     return running in backends and backends[running].inline_aten
-
-
-def is_quantization_op(name: str) -> bool:
-    """Whether the op ``name`` quantizes or dequantizes (PT2E's ``quantized_decomposed``
-    ops, torch's own ``quantize_per_tensor``, fake quantization in a QAT graph)."""
-    namespace, _, rest = name.partition(".")
-    return namespace == "quantized_decomposed" or "quantize" in rest.partition(".")[0]
 
 
 def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]
