@@ -55,9 +55,9 @@ def output_steps(gm: torch.fx.GraphModule) -> Optional[list[Optional[float]]]:
             step[n] = max(ups) if ups else None
     if not quantized:
         return None
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
     return [None if not isinstance(a, torch.fx.Node) else 1.0 if _is_quantize(a) else step[a]
-            for a in out.args[0]]
+            for a in (out if isinstance(out, (list, tuple)) else [out])]
 
 
 def judge_outputs(gm: torch.fx.GraphModule, args: Sequence[Any], expected: Sequence[Any],
