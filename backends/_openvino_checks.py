@@ -92,15 +92,16 @@ def _quantize_into_dequantize(node) -> Optional[str]:
 
 
 def _dequantize_of_quantized(node) -> Optional[str]:
-    """A dequantize of integer codes that are a graph input returned them as integers
-    (traced float32); of a quantize (FakeQuantize) or of constant weights it is right."""
+    """A dequantize of the quantize before it is half of a FakeQuantize; of integer codes
+    that are a graph input it returned them as integers (traced float32, the probe), and
+    of constant weights (PT2E's int8 weights) the 2026.4 frontend handed the codes on
+    undequantized ("MatMul ... i8" added to a float32 bias: conversion failed)."""
     codes = node.args[0] if node.args else None
-    if isinstance(codes, torch.fx.Node) and (codes.op == "get_attr" or (
-            codes.op == "call_function" and is_quantization_op(op_name(codes.target))
-            and not is_dequantize(codes))):
+    if isinstance(codes, torch.fx.Node) and codes.op == "call_function" \
+            and is_quantization_op(op_name(codes.target)) and not is_dequantize(codes):
         return None
-    return ("a dequantize reads a quantize or constant weights here (of a graph input it "
-            "returned the integer codes)")
+    return ("a dequantize only of the quantize before it (OpenVINO makes the pair a "
+            "FakeQuantize; of integer codes it read, weights included, it did not dequantize)")
 
 
 VALIDATORS = {

@@ -249,6 +249,12 @@ def test_openvino_takes_a_quantize_only_into_its_dequantize():
     plan = arbiter.partition(gm, {"backends": ["openvino"], "min_block_size": 1})
     q = next(n for n in gm.graph.nodes if n.op == "call_function" and not is_dequantize(n))
     assert "FakeQuantize" in plan.support[q].refusals["openvino"]
+    # a dequantize of codes it did not quantize (a PT2E weight's) is refused as well
+    plan = arbiter.partition(_qdq_linear_graph(), {"backends": ["openvino"],
+                                                   "min_block_size": 1})
+    wd = next(n for n in plan.graph_module.graph.nodes
+              if op_name(n.target) == "quantized_decomposed.dequantize_per_channel.default")
+    assert "FakeQuantize" in plan.support[wd].refusals["openvino"]
 
 
 # -- the probe and the manifests ------------------------------------------------------------
