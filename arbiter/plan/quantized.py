@@ -35,6 +35,8 @@ def dequantize_units(nodes: Sequence[torch.fx.Node], index: dict) -> list[list[i
     """The units of ``nodes`` (partitionable nodes, ``index`` node -> position): each a
     sorted list of positions, a dequantize with the quantize it reads and the nodes it
     feeds (through data moves); only units of two nodes or more, in graph order."""
+    if not any(is_dequantize(n) for n in nodes):
+        return []
     parent = list(range(len(nodes)))
 
     def union(a: int, b: int) -> None:
@@ -68,8 +70,8 @@ def dequantize_units(nodes: Sequence[torch.fx.Node], index: dict) -> list[list[i
 def shared_candidates(members: Sequence[int], allowed: Sequence[Optional[list]],
                       nodes: Sequence[torch.fx.Node]) -> Optional[list]:
     """One candidate list for a unit: the backends every member may run, in the order of
-    its first compute node's list (not a dequantize, not a data move); None when a member
-    has no list of its own (a getitem: it follows its producer)."""
+    its first compute node's list (not a quantize or dequantize, not a data move); None
+    when a member has no list of its own."""
     lists = [allowed[i] for i in members]
     if any(a is None for a in lists):
         return None
