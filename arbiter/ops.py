@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import operator
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -43,6 +44,12 @@ def packet_name(name: str) -> str:
     return ".".join(parts[:2]) if len(parts) >= 3 else name
 
 
+#: Operator namespaces torch registers only when a module of its own is imported: PT2E's
+#: quantize/dequantize ops (``torch.ao.quantization.fx._decomposed``, ~30 ms), which a
+#: manifest may name before any quantized model was loaded.
+_REGISTERED_ON_IMPORT = {"quantized_decomposed": "torch.ao.quantization.fx._decomposed"}
+
+
 @functools.lru_cache(maxsize=None)
 def resolve(name: str) -> str:
     """Check that ``name`` names a torch operator (or all overloads of one).
@@ -55,6 +62,8 @@ def resolve(name: str) -> str:
             f"op {name!r} is not of the form 'namespace.op' or 'namespace.op.overload' "
             "(for example 'aten.addmm' or 'aten.addmm.default')")
     ns, base = parts[0], parts[1]
+    if ns in _REGISTERED_ON_IMPORT:
+        importlib.import_module(_REGISTERED_ON_IMPORT[ns])
     namespace = getattr(torch.ops, ns, None)
     packet = None
     if namespace is not None:
@@ -72,6 +81,50 @@ def resolve(name: str) -> str:
                 f"op {ns}.{base} has no overload {parts[2]!r}; valid: "
                 + ", ".join(sorted(overloads)))
     return name
+
+
+#: The operator namespaces a backend declares ops from (``Backend.declared_ops``): ATen,
+#: and PT2E's quantize/dequantize ops (a model quantized with torchao's ``convert_pt2e``).
+DECLARED_NAMESPACES = ("aten", "quantized_decomposed")
+
+
+def register_namespaces() -> None:
+    """Register the operator namespaces torch registers on import (``_REGISTERED_ON_IMPORT``):
+    before a table of ops is read whose source (an exporter's registry) lists only the
+    ops torch has when it is built."""
+    for module in _REGISTERED_ON_IMPORT.values():
+        importlib.import_module(module)
+
+
+def declared_overloads(namespace: str, base: str, overload: str = "",
+                       every: bool = False) -> list:
+    """The OpOverloads a backend's own table names as ``namespace``, ``base`` and
+    ``overload`` (none when the namespace is not in ``DECLARED_NAMESPACES`` or torch has no
+    such op); no overload: ``default``, or every overload when ``every``."""
+    if namespace not in DECLARED_NAMESPACES:
+        return []
+    register_namespaces()
+    try:
+        packet = getattr(getattr(torch.ops, namespace), base)
+    except (AttributeError, RuntimeError):
+        return []
+    names = [overload] if overload else list(packet.overloads()) if every else ["default"]
+    return [getattr(packet, n) for n in names if n in packet.overloads()]
+
+
+def is_quantization_op(name: str) -> bool:
+    """Whether the op ``name`` quantizes or dequantizes (PT2E's ``quantized_decomposed``
+    ops, torch's own ``quantize_per_tensor``, fake quantization in a QAT graph)."""
+    namespace, _, rest = name.partition(".")
+    return namespace == "quantized_decomposed" or "quantize" in rest.partition(".")[0]
+
+
+def is_dequantize(node: torch.fx.Node) -> bool:
+    """Whether ``node`` dequantizes (PT2E's ``dequantize_per_tensor``/``_per_channel``):
+    integer codes in, the float values the op after it computes with out."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace == "quantized_decomposed"
+            and node.target._opname.startswith("dequantize"))
 
 
 # -- node and graph facts --------------------------------------------------------------

@@ -5,11 +5,12 @@ dynamo=True)``, onnxscript's ATen library "torchlib"); ``export_onnx`` builds th
 exporter's registry once per process (``_registry_once``) and hands the exporter the
 translations of ``translations()`` in place of torchlib's (floating ``remainder``, as
 ATen computes it: fmod and a sign fix-up); ``declared_ops`` lists the ATen ops it
-translates. What the export gets wrong and no translation fixes is refused by
-``EXPORT_VALIDATORS`` (training batch norm, an embedding bag's auxiliary outputs, a
-mean over an empty extent, integer division with a rounding mode, scatter_reduce's mean,
-logcumsumexp), which both backends apply; docs/robustness.md ("Edge values") gives each
-cause. ``EXPORT_REVISION`` changes whenever what the export produces changes: it keys
+translates, and PT2E's quantize/dequantize (QuantizeLinear, DequantizeLinear). What the
+export gets wrong and no translation fixes is refused by ``EXPORT_VALIDATORS`` (training
+batch norm, an embedding bag's auxiliary outputs, a mean over an empty extent, integer
+division with a rounding mode, scatter_reduce's mean, logcumsumexp, a quantize to less
+than its dtype's range), which both backends apply; docs/robustness.md ("Edge values")
+gives each cause. ``EXPORT_REVISION`` changes whenever what the export produces changes: it keys
 every cached ONNX model, so a model exported before a fix is not reused.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from arbiter.ops import declared_overloads, register_namespaces
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, argument, empty_reduction
@@ -140,25 +142,22 @@ def export_onnx(gm: torch.fx.GraphModule, args: tuple, optimize: bool = True,
 
 
 def declared_ops() -> dict:
-    """ATen ops PyTorch's ONNX exporter translates (onnxscript's torchlib): the ops ONNX
-    Runtime and TensorRT declare (``Backend.declared_ops``)."""
+    """Ops PyTorch's ONNX exporter translates (onnxscript's torchlib): ATen's, and PT2E's
+    quantize/dequantize (QuantizeLinear, DequantizeLinear); the ops ONNX Runtime and
+    TensorRT declare (``Backend.declared_ops``)."""
     from torch.onnx._internal.exporter import _registration
 
+    register_namespaces()  # the registry translates only the ops torch has now
     with quiet():
         registry = _registration.ONNXRegistry.from_torchlib()
     out = {}
     for key in registry.functions:
-        if not isinstance(key, str) or not key.startswith("aten::"):
+        if not isinstance(key, str) or "::" not in key:
             continue
-        base, _, overload = key[len("aten::"):].partition(".")
-        packet = getattr(torch.ops.aten, base, None)
-        if packet is None:
-            continue
-        try:
-            op = getattr(packet, overload or "default")
-        except AttributeError:
-            continue
-        out[op] = {}
+        namespace, _, rest = key.partition("::")
+        base, _, overload = rest.partition(".")
+        for op in declared_overloads(namespace, base, overload):
+            out[op] = {}
     return out
 
 
@@ -243,6 +242,19 @@ def _logcumsumexp(node) -> Optional[str]:
             "below it (about 88 in float32) becomes -inf where eager is finite")
 
 
+def _narrow_quantize(node) -> Optional[str]:
+    # torchlib exports quantize_per_tensor as QuantizeLinear alone, which saturates to its
+    # dtype's whole range; eager clamps to quant_min..quant_max (quantize_per_channel's
+    # export adds the Clip)
+    lo, hi, dtype = argument(node, "quant_min"), argument(node, "quant_max"), \
+        argument(node, "dtype")
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point and \
+            (lo, hi) != (torch.iinfo(dtype).min, torch.iinfo(dtype).max):
+        return (f"quantize to {lo}..{hi}, not all of {str(dtype).removeprefix('torch.')}: "
+                "the ONNX export's QuantizeLinear saturates to the dtype's range")
+    return None
+
+
 _EMPTY_MEAN = empty_reduction("ONNX leaves it undefined, ONNX Runtime")
 
 #: Validators of the nodes the export computes unlike eager (see the module docstring).
@@ -259,4 +271,5 @@ EXPORT_VALIDATORS = {
     "aten.div.Tensor_mode": _integer_division, "aten.div.Scalar_mode": _integer_division,
     "aten.scatter_reduce": _scatter_mean, "aten.scatter_reduce_": _scatter_mean,
     "aten.logcumsumexp": _logcumsumexp,
+    "quantized_decomposed.quantize_per_tensor": _narrow_quantize,
 }

@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from arbiter.ops import is_dequantize, is_quantization_op, op_name
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
@@ -81,6 +82,28 @@ _EMPTY = empty_reduction("OpenVINO")
 _POW = integer_pow("OpenVINO's CPU plugin computes integers in 32 bits (3**39 is "
                    "-2147483647)")
 
+def _quantize_into_dequantize(node) -> Optional[str]:
+    """OpenVINO's frontend makes a quantize and the dequantize reading it one FakeQuantize:
+    a quantize whose integer codes leave it otherwise fails at run ("infer_request"),
+    found by ``arbiter probe openvino --ops quantized_decomposed``."""
+    if node.users and all(is_dequantize(u) for u in node.users):
+        return None
+    return "a quantize runs only into dequantize nodes (OpenVINO makes the pair a FakeQuantize)"
+
+
+def _dequantize_of_quantized(node) -> Optional[str]:
+    """A dequantize of the quantize before it is half of a FakeQuantize; of integer codes
+    that are a graph input it returned them as integers (traced float32, the probe), and
+    of constant weights (PT2E's int8 weights) the 2026.4 frontend handed the codes on
+    undequantized ("MatMul ... i8" added to a float32 bias: conversion failed)."""
+    codes = node.args[0] if node.args else None
+    if isinstance(codes, torch.fx.Node) and codes.op == "call_function" \
+            and is_quantization_op(op_name(codes.target)) and not is_dequantize(codes):
+        return None
+    return ("a dequantize only of the quantize before it (OpenVINO makes the pair a "
+            "FakeQuantize; of integer codes it read, weights included, it did not dequantize)")
+
+
 VALIDATORS = {
     "aten.cat.default": _cat_of_legacy_empty, "aten.concat.default": _cat_of_legacy_empty,
     "aten.concatenate.default": _cat_of_legacy_empty,
@@ -90,4 +113,8 @@ VALIDATORS = {
     "aten.remainder": _floating_remainder, "aten.fmod": _floating_remainder,
     "aten._embedding_bag": _embedding_bag, "aten._embedding_bag_forward_only": _embedding_bag,
     "aten.embedding_bag": _embedding_bag,
+    **{f"quantized_decomposed.quantize_per_{k}": _quantize_into_dequantize
+       for k in ("tensor", "channel")},
+    **{f"quantized_decomposed.dequantize_per_{k}": _dequantize_of_quantized
+       for k in ("tensor", "channel")},
 }

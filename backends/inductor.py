@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from arbiter.backend import Backend, bounded_threads
 from arbiter.errors import require_known, unknown_name
-from arbiter.ops import nonfinite_validators
+from arbiter.ops import DECLARED_NAMESPACES, nonfinite_validators
 from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -286,17 +286,18 @@ class Inductor(ExactNonfinite, Backend):
 
     @classmethod
     def declared_ops(cls):
-        """Ops Inductor lowers or decomposes (its ATen fallback kernels included)."""
+        """Ops Inductor lowers or decomposes (its ATen fallback kernels included): ATen's,
+        and PT2E's quantize/dequantize."""
         from torch._inductor.decomposition import select_decomp_table
         from torch._inductor.lowering import fallbacks, lowerings
 
         out = {}
         for table, note in ((lowerings, None), (select_decomp_table(), "decomposed by Inductor")):
             for op in table:
-                if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
+                if isinstance(op, torch._ops.OpOverload) and op.namespace in DECLARED_NAMESPACES:
                     out.setdefault(op, {"note": note} if note else {})
         for op in fallbacks:
-            if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten":
+            if isinstance(op, torch._ops.OpOverload) and op.namespace in DECLARED_NAMESPACES:
                 out[op] = {"note": "runs as an ATen fallback kernel inside Inductor's code"}
         return out
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 from arbiter.backend import Backend, thread_option
 from arbiter.errors import require_known
-from arbiter.ops import nonfinite_validators, reads_floating
+from arbiter.ops import declared_overloads, nonfinite_validators, reads_floating
 from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -178,8 +178,11 @@ class OpenVino(ExactNonfinite, Backend):
     # embedding's indices into its table.
     narrow_dtypes = {torch.int64: "openvino's CPU plugin computes int64 in 32 bits "
                                   "(wrong past +-2**31)"}
+    # (per-channel quantization's int64 zero points lie within its int8/uint8 range)
     narrow_dtype_ops = frozenset({"aten.embedding.default", "aten._embedding_bag.default",
-                                  "aten._embedding_bag_forward_only.default"})
+                                  "aten._embedding_bag_forward_only.default",
+                                  "quantized_decomposed.quantize_per_channel.default",
+                                  "quantized_decomposed.dequantize_per_channel.default"})
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -273,24 +276,19 @@ class OpenVino(ExactNonfinite, Backend):
 
     @classmethod
     def declared_ops(cls):
-        """ATen ops in OpenVINO's own torch.compile op-support table
-        (``openvino.frontend.pytorch.torchdynamo.op_support``)."""
+        """Ops in OpenVINO's own torch.compile op-support table
+        (``openvino.frontend.pytorch.torchdynamo.op_support``): ATen's, and PT2E's
+        quantize/dequantize (its frontend makes them FakeQuantize)."""
         from openvino.frontend.pytorch.torchdynamo.op_support import OperatorSupport
 
         out = {}
         for key in OperatorSupport(None)._support_dict:
-            if not key.startswith("torch.ops.aten."):
+            if not key.startswith("torch.ops."):
                 continue
-            base, _, overload = key[len("torch.ops.aten."):].partition(".")
-            packet = getattr(torch.ops.aten, base, None)
-            if packet is None:
-                continue
-            names = [overload] if overload else list(packet.overloads())
-            for name in names:
-                try:
-                    out[getattr(packet, name)] = {}
-                except AttributeError:
-                    continue
+            namespace, _, rest = key[len("torch.ops."):].partition(".")
+            base, _, overload = rest.partition(".")
+            for op in declared_overloads(namespace, base, overload, every=True):
+                out[op] = {}
         return out
 
 

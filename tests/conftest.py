@@ -114,7 +114,8 @@ def run_cli(argv: list[str], capsys) -> tuple[str, str]:
 
 
 def write_manifest(directory: Path, name: str, ops: list[str], *,
-                   dynamic: bool = False, extra: str = "") -> Path:
+                   dynamic: bool = False, extra: str = "",
+                   dtypes: str = "float32, int64, bool") -> Path:
     path = directory / f"{name}.yaml"
     body = "\n".join(f"  {op}: {{}}" for op in ops)
     path.write_text(textwrap.dedent(f"""\
@@ -122,7 +123,7 @@ def write_manifest(directory: Path, name: str, ops: list[str], *,
         format: 1
         source: written by a test
         defaults:
-          dtypes: [float32, int64, bool]
+          dtypes: [{dtypes}]
           devices: [cpu]
           dynamic: {str(dynamic).lower()}
         """) + extra + "ops:\n" + (body or "  {}") + "\n")
@@ -177,8 +178,9 @@ def make_backend(registry, tmp_path):
 
     def make(name: str, ops: list[str], *, compile: Optional[Callable] = None,
              available: Optional[tuple[bool, str]] = None, register: bool = True,
-             dynamic: bool = False) -> type[arbiter.Backend]:
-        path = write_manifest(tmp_path, name, ops, dynamic=dynamic)
+             dynamic: bool = False, dtypes: str = "float32, int64, bool"
+             ) -> type[arbiter.Backend]:
+        path = write_manifest(tmp_path, name, ops, dynamic=dynamic, dtypes=dtypes)
         compiled: list = []
 
         def _compile(self, gm, example_inputs):

@@ -9,7 +9,7 @@ Nodes are then sunk into later runs that use them, and partitions smaller than
 ``min_block_size`` give their nodes to the next able backend, in at most (#backends)
 rounds; a pin wins over ``min_block_size``. Ties break by graph order, so the same graph
 and config always give the same plan. A pattern match some backend claims is one unit
-(patterns.py). docs/design.md ("The partitioner") gives the steps.
+(patterns.py), and so is a dequantize with the ops it feeds (quantized.py). docs/design.md ("The partitioner") gives the steps.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import torch.fx
 from ..ops import is_getitem, is_mutating, is_random, random_depends_on_args
 from .capability import NodeSupport
 from .patterns import pattern_groups
+from .quantized import dequantize_units, shared_candidates
 from .support import SupportTable
 
 
@@ -114,6 +115,11 @@ def _partition_graph(gm: torch.fx.GraphModule, table: SupportTable,
         indeg[i] = d
 
     _order_mutations(nodes, index, users, indeg)
+    for members in dequantize_units(nodes, index):  # a dequantize stays with what it feeds
+        shared = shared_candidates(members, allowed, nodes)
+        if shared is not None:
+            for i in members:
+                allowed[i] = shared
     groups = pattern_groups(table, nodes, support)
     fixed = _glue([g for g in groups if g.claimed_by], index, allowed, users, indeg)
 

@@ -47,6 +47,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
     are left out)."""
     from .dynamic import dynamic_samples
     from .overload_samples import samples_for
+    from .quant_samples import samples_for as quant_samples_for
     from .training import probe_training
 
     if build_only and dynamic:
@@ -64,6 +65,8 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
         infos = [o for o in infos if o.supports_autograd]
     if dynamic:  # overloads no OpInfo traces to (arbiter/probe/overload_samples.py)
         infos += samples_for(ops)
+    elif not grad:  # PT2E's quantize/dequantize ops (arbiter/probe/quant_samples.py)
+        infos += quant_samples_for(ops)
     one = dynamic_samples if dynamic else probe_training if grad else _one
     result.opinfos_total = len(infos)
     start = time.perf_counter()
@@ -103,7 +106,8 @@ def _one(p: Probe, case: Case) -> list[SampleResult]:
         gm, inputs = trace_sample(case.info, sample)
     except Exception as exc:  # noqa: BLE001 - OpInfo samples some ops cannot trace
         return [case.skipped("trace", describe(exc))]
-    return probe_graph(p, case, gm, inputs)
+    # a hand-made sample chosen for its arguments runs even when its pairs passed
+    return probe_graph(p, case, gm, inputs, force=getattr(case.info, "force", False))
 
 
 def stderr_progress(every_s: float = 5.0) -> Callable[[ProbeResult, str], None]:

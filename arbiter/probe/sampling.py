@@ -41,8 +41,9 @@ def opinfos(names: Optional[Sequence[str]] = None) -> list:
                 or (o.name.startswith("nn.functional") and o.name.rsplit(".", 1)[-1] == n))
 
     # an ATen op no OpInfo is named for may still be reached (the dynamic probe's
-    # hand-made samples): only OpInfo names must match
-    unmatched = [n for n in names if not n.startswith("aten.")
+    # hand-made samples), and so may the quantize/dequantize ops (quant_samples.py): only
+    # OpInfo names must match
+    unmatched = [n for n in names if not n.startswith(("aten.", "quantized_decomposed"))
                  and not any(matches(o, n) for o in op_db)]
     if unmatched:
         import difflib

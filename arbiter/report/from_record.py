@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ..ops import is_getitem, op_name, tensors_in
+from ..ops import is_getitem, is_quantization_op, op_name, tensors_in
 from ..plan.partition import Partition, Plan
 from ..plan.rules import names
 from ..backend import Backend
@@ -295,7 +295,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
             bytes_out=sum(t.bytes or 0 for t in outputs),
             inline=backends[p.backend].inline_aten if p.backend in backends else False,
             shapes=_shapes(rec, backends), specializations=rec.specializations,
-            precision=rec.precision or "native"))
+            precision=rec.precision or "native",
+            quantized=[] if _runs_in_eager(g, p, backends) else quantized_dtypes(compute)))
     refusals: Counter = Counter()
     for node, sup in g.plan.support.items():
         if is_getitem(node):
@@ -453,11 +454,18 @@ def _runs_in_eager(g: GraphRecord, p: Partition, backends: Mapping[str, Backend]
     return running in backends and backends[running].inline_aten
 
 
-def is_quantization_op(name: str) -> bool:
-    """Whether the op ``name`` quantizes or dequantizes (PT2E's ``quantized_decomposed``
-    ops, torch's own ``quantize_per_tensor``, fake quantization in a QAT graph)."""
-    namespace, _, rest = name.partition(".")
-    return namespace == "quantized_decomposed" or "quantize" in rest.partition(".")[0]
+def quantized_dtypes(nodes: list[torch.fx.Node]) -> list[str]:
+    """The integer dtypes (``dtype`` argument) of the quantize/dequantize nodes among
+    ``nodes``, sorted."""
+    found: dict[str, None] = {}
+    for n in nodes:
+        if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+            names = [a.name for a in n.target._schema.arguments]
+            k = names.index("dtype") if "dtype" in names else -1
+            dt = n.args[k] if 0 <= k < len(n.args) else n.kwargs.get("dtype")
+            if isinstance(dt, torch.dtype):
+                found[str(dt).removeprefix("torch.")] = None
+    return sorted(found)
 
 
 def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]

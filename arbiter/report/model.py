@@ -128,6 +128,11 @@ class PartitionReport(BaseModel):
                         "(one artifact for every size) or `per shape` (compiled per concrete "
                         "shape); `eager` when it runs in eager")
     specializations: int = Field(0, description="`per shape`: shapes compiled so far")
+    quantized: list[str] = Field(
+        default_factory=list, description="where it runs on a backend (not in eager): "
+        "the integer dtypes of its quantize/dequantize nodes (a model the user quantized, "
+        "PT2E: `uint8` activations, `int8` weights), which that backend runs with the "
+        "layers they feed (docs/precision.md)")
 
 
 class RefusalReport(BaseModel):

@@ -183,6 +183,9 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
                          f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
                          + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
                             if p.nonfinite_eager_calls else ""))
+        if p.quantized:
+            notes.append(f"quantized ({', '.join(p.quantized)}): {p.backend} runs the "
+                         "quantize/dequantize nodes with the layers they feed")
         if p.verify_checks:
             err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
             notes.append(f"verified {p.verify_checks}x against eager{err}")

@@ -20,7 +20,7 @@ from ..compiling import compile_lock
 from ..record import PieceRecord
 from .calls import restore, same_bits, shared_buffers
 from .first_use import FirstUse, FirstUseCheck
-from .reference import judge_against_float64
+from .quantized import judge_outputs
 
 log = logging.getLogger("arbiter.run.piece")  # a piece's own log
 
@@ -123,8 +123,8 @@ class PieceChecks:
                        "caller holds would change")
         expected = list(self.gm(*before))
         if why is None:
-            cmp = judge_against_float64(self.gm, before, expected, list(out),
-                                        self._tolerances)
+            cmp = judge_outputs(self.gm, before, expected, list(out),
+                                self._tolerances)
             if rec.verify_max_error is None or cmp.max_error > rec.verify_max_error:
                 rec.verify_max_error = cmp.max_error
             if cmp.ok:
