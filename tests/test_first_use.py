@@ -345,3 +345,25 @@ def test_a_fused_backward_that_is_wrong_is_caught(fresh_dynamo):
     backward = [g for g in be.report(advice=False).graphs if g.kind == "backward"]
     assert backward and all(p.first_use for g in backward for p in g.partitions
                             if p.planned_backend == "inductor")
+
+
+def test_a_finding_of_an_older_judging_rule_is_not_read(tmp_path, monkeypatch):
+    """Findings are keyed by the rule that judged them (findings.JUDGE): a partition
+    refused under an older rule (float32's tolerance for a quantized partition) is
+    tried again, not refused in every later process."""
+    from arbiter.cache import Cache
+    from arbiter.plan import findings as fmod
+
+    cache = Cache(tmp_path / "c")
+    older = fmod.Findings()
+    older.attach(cache)
+    monkeypatch.setattr(fmod, "JUDGE", fmod.JUDGE - 1)
+    older.add(fmod.new_finding("onnxruntime", "1.0", "aten.sin.default", "float32", -1,
+                               "differs"))
+    same_rule = fmod.Findings()
+    same_rule.attach(cache)
+    assert len(same_rule.for_op("onnxruntime", "1.0", "aten.sin.default")) == 1
+    monkeypatch.undo()
+    now = fmod.Findings()
+    now.attach(cache)
+    assert now.for_op("onnxruntime", "1.0", "aten.sin.default") == []

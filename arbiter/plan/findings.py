@@ -8,7 +8,8 @@ dtype, which output (or every output) and what differed. From then on the planne
 that op, in that dtype, on that backend (and only the nodes that read the wrong output),
 with the finding as its reason (``plan.capability.CapabilityTable``), in this process and,
 through the persistent cache (arbiter/cache/, kind ``finding``), in later ones. A new
-backend version starts over: its findings are keyed by it.
+backend version starts over: its findings are keyed by it, as is the rule that judged them
+(``JUDGE``).
 
 When no single node reproduces the difference (it comes from the nodes together), the
 finding is the partition's own (``op`` = ``partition:<cache key>``): that partition, on
@@ -30,6 +31,12 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 KIND = "finding"  # the persistent cache's kind for findings
+#: How the first-use checks judge a difference; part of every finding's key, so that a
+#: change to the rule (2: float32's rounding bound beside eager's own error, and one
+#: quantization step for a quantized partition) is not held to what an older rule found
+#: (a PT2E partition refused under float32's tolerance stayed refused in every later
+#: process).
+JUDGE = 2
 #: ``Finding.output`` when every output is wrong, or the op has one output
 ALL_OUTPUTS = -1
 #: ``Finding.op`` of a partition's own finding (its ``dtype`` holds the partition's key)
@@ -143,7 +150,7 @@ def new_finding(backend: str, version: str, op: str, dtype: str, output: int,
 
 
 def _key(backend: str, version: str, op: str) -> str:
-    return hashlib.sha256(f"{backend}\0{version}\0{op}".encode()).hexdigest()
+    return hashlib.sha256(f"{backend}\0{version}\0{op}\0{JUDGE}".encode()).hexdigest()
 
 
 _FINDINGS = Findings()
