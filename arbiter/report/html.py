@@ -18,9 +18,10 @@ import zlib
 from collections.abc import Sequence
 from typing import Optional
 
-from .cells import (distributed_entries, distributed_summary, estimates_text, kind_fell_back,
+from .cells import (distributed_entries, distributed_summary, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary, sizes_vary)
 from .accuracy import module_lines
+from .choice import choice_line
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
                        overview)
@@ -94,14 +95,9 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
            f"<h3>graph {g.graph_id} ({_e(g.kind)}{', ' + _e(g.model) if g.model else ''}): "
            f"{plural(g.nodes, 'node')}, {plural(len(g.partitions), 'partition')}, "
            f"policy {_e(g.policy)}</h3>"]
-    if g.chosen or g.candidates_ms or g.estimates_ms:
-        out.append(f"<p>policy {_e(g.policy)}"
-                   f"{', timed against eager' if g.against_eager else ''}: "
-                   f"chose {_e(g.chosen or '-')}; measured: " +
-                   _e(", ".join(f"{k} {v:.3f} ms" if v is not None else f"{k} -"
-                                for k, v in g.candidates_ms.items()) or "-") +
-                   "; estimated: " + _e(estimates_text(g.estimates_ms, g.candidates_ms)
-                                        or "-") + "</p>")
+    choice = choice_line(g)
+    if choice:
+        out.append(f'<p class="choice">{_e(choice)}</p>')
     for label, lines in g.candidate_fallbacks.items():
         out.append(f"<p>not chosen, fell back while timed: {_e(label)}: "
                    f"{_e('; '.join(lines))}</p>")

@@ -15,11 +15,12 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
 from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
-                    distributed_entries, distributed_summary, estimates_text,
+                    distributed_entries, distributed_summary,
                     human_bytes as _bytes, kind_entries, kind_fell_back,
                     kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
 
 from .accuracy import module_lines
+from .choice import choice_line
 from .model import use_text_rendering
 
 if TYPE_CHECKING:
@@ -142,24 +143,9 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         row.append(ops_text(p.ops))
         t.rows.append(row)
     yield t
-    if g.chosen or g.candidates_ms or g.estimates_ms:
-        def spread(k):
-            q = g.candidates_spread_ms.get(k)
-            return f" [{q[0]:.3f}-{q[1]:.3f}]" if q else ""
-
-        cands = ", ".join(f"{k} {v:.3f} ms{spread(k)}" for k, v in g.candidates_ms.items()
-                          if v is not None)  # candidates not measured are left out
-        if g.measure_rounds:
-            cands += (f"; {g.measure_rounds} interleaved rounds, winner "
-                      + ("apart from the rest" if g.measure_confident
-                         else "not apart from the rest (a close call)"))
-        est = estimates_text(g.estimates_ms, g.candidates_ms)
-        yield Line(f"  policy {g.policy}" +
-                   (", timed against eager" if g.against_eager else "") +
-                   f": chose {g.chosen or '-'}" +
-                   (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
-                   (f"; measured: {cands}" if cands else "") +
-                   (f"; estimated: {est}" if est else ""))
+    choice = choice_line(g)
+    if choice:
+        yield Line(f"  {choice}")
     for label, lines in g.candidate_fallbacks.items():
         yield Line(f"  not chosen, fell back while timed: {label}: " + "; ".join(lines))
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
