@@ -153,6 +153,28 @@ def sizes_vary(p: Any) -> bool:
     return any(t.bytes is None for t in (*p.inputs, *p.outputs))
 
 
+def partition_notes(p: Any) -> list[str]:
+    """What a partition's table row has no room for: copies at its boundary, its NaN/inf
+    guard, verify's checks, first-use checks, the times measured per backend (the text
+    report's ``partition N:`` line, and the notes under the HTML page's table)."""
+    notes = []
+    if p.copies or p.restride_copies:
+        notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
+    if p.nonfinite_guard:
+        notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
+                     f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
+                     + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
+                        if p.nonfinite_eager_calls else ""))
+    if p.verify_checks:
+        err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
+        notes.append(f"verified {p.verify_checks}x against eager{err}")
+    notes += [c.line() for c in p.first_use]
+    if p.measured_ms:
+        notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
+                                             for b, ms in p.measured_ms.items()))
+    return notes
+
+
 def bytes_text(p: Any) -> str:
     """A partition's bytes in/out, or that they vary with the symbols."""
     if sizes_vary(p):

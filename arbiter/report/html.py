@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import Optional
 
 from .cells import (distributed_entries, distributed_summary, kind_fell_back,
-                    kind_where, ops_text, plural, shapes_summary, sizes_vary)
+                    kind_where, ops_text, partition_notes, plural, shapes_summary,
+                    sizes_vary)
 from .accuracy import module_lines
 from .choice import choice_line
 from .model import GraphReport, Report
@@ -89,6 +90,17 @@ def _backend(p) -> str:
         f"{p.backend} (planned {p.planned_backend})"
 
 
+def _notes(g: GraphReport) -> str:
+    """Under the partitions table, what its rows have no room for (as the text report's
+    ``partition N:`` lines): checks, copies, measured times, each fallback and its reason."""
+    items = [f"partition {p.id}: " + "; ".join(notes)
+             for p in g.partitions if (notes := partition_notes(p))]
+    items += [f"partition {p.id}: fallback at {f.stage}: {f.from_backend} -> {f.to_backend}: "
+              f"{f.reason}" for p in g.partitions for f in p.fallbacks]
+    return ('<ul class="notes">' + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
+            if items else "")
+
+
 def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
     total = r.timing.total_s if r.timing else sum(p.run_s for p in g.partitions)
     out = [f'<div class="graph-block" data-report="{rid}" data-graph="{g.graph_id}">',
@@ -146,8 +158,7 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
             mods[n.partition].append(path)
     out.append("<details><summary>partitions</summary>" + _table(
         "partitions", ["#", "backend", "nodes", "modules", "inputs", "outputs", "bytes in",
-                       "bytes out", "compile s", "run ms/call", "share of call", "copies",
-                       "verify", "measured ms", "fallbacks"], [
+                       "bytes out", "compile s", "run ms/call", "share of call"], [
             [p.id, _backend(p), p.nodes,
              (", ".join(mods.get(p.id, [])[:3]) + (" …" if len(mods.get(p.id, [])) > 3 else ""),
               "\n".join(mods.get(p.id, []))),
@@ -155,20 +166,8 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
              "varies" if sizes_vary(p) else p.bytes_in + p.graph_input_bytes,
              "varies" if sizes_vary(p) else p.bytes_out, p.compile_s,
              round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
-             f"{p.run_s / total:.0%}" if total and p.calls else "-",
-             f"{p.copies} + {p.restride_copies} restride",
-             "; ".join(filter(None, [
-                 (f"{p.verify_checks}x, max err {p.verify_max_error:.1e}"
-                  if p.verify_max_error is not None else f"{p.verify_checks}x")
-                 if p.verify_checks else "",
-                 (f"NaN/inf guard ({', '.join(p.nonfinite_guard)}): "
-                  f"{p.nonfinite_eager_calls} calls in eager") if p.nonfinite_guard else "",
-                 *(c.line() for c in p.first_use)]))
-             or "-",
-             ", ".join(f"{b} {ms:.3f}" for b, ms in p.measured_ms.items()) or "-",
-             "; ".join(f"{f.stage}: {f.from_backend} -> {f.to_backend}: {f.reason}"
-                       for f in p.fallbacks) or "-"] for p in g.partitions],
-        long=("modules", "verify", "fallbacks")) + "</details>")
+             f"{p.run_s / total:.0%}" if total and p.calls else "-"] for p in g.partitions],
+        long=("modules",)) + _notes(g) + "</details>")
     out.append("<details><summary>ops</summary>" + _table(
         "ops", ["op", "nodes", "runs on", "able", "refused"], [
             [o.op, o.nodes, ", ".join([f"{b} {n}" for b, n in o.placed.items()] +

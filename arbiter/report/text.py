@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Optional, Union
 from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
                     distributed_entries, distributed_summary,
                     human_bytes as _bytes, kind_entries, kind_fell_back,
-                    kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
+                    kind_where, ops_text, partition_notes, plural, shapes_summary as _shapes,
+                    short_op as _short)
 
 from .accuracy import module_lines
 from .choice import choice_line
@@ -161,21 +162,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         for line in module_lines(a):
             yield Line(line)
     for p in g.partitions:
-        notes = []
-        if p.copies or p.restride_copies:
-            notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
-        if p.nonfinite_guard:
-            notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
-                         f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
-                         + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
-                            if p.nonfinite_eager_calls else ""))
-        if p.verify_checks:
-            err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
-            notes.append(f"verified {p.verify_checks}x against eager{err}")
-        notes += [c.line() for c in p.first_use]
-        if p.measured_ms:
-            notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
-                                                 for b, ms in p.measured_ms.items()))
+        notes = partition_notes(p)
         if notes:
             yield Line(f"  partition {p.id}: " + "; ".join(notes))
     for e in g.weight_events:
