@@ -96,3 +96,14 @@ def test_measure_before_its_first_call():
 
 def test_no_choice_no_line():
     assert choice_line(_graph()) == ""
+
+
+def test_a_timed_candidate_that_fell_back_is_named_in_words():
+    g = _graph(policy="measure", chosen="only eager",
+               candidates_ms={"only eager": 0.5, "only openvino": 0.9},
+               candidate_fallbacks={"only openvino": [
+                   "partition 0: openvino -> eager (compile: RuntimeError: boom)"]})
+    line = ("not chosen, fell back while timed: openvino alone: partition 0: openvino -> "
+            "eager (compile: RuntimeError: boom)")
+    text, page = _both(g)
+    assert line in text and line.replace(">", "&gt;") in page

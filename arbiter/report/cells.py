@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .words import plural
+from .words import named, plural
 
 if TYPE_CHECKING:
     from .model import DistributedReport, KindReport
@@ -122,7 +122,8 @@ def distributed_summary(d: DistributedReport) -> str:
 def distributed_entries(d: DistributedReport) -> list[str]:
     """One entry per broadcast graph, then the graphs not broadcast."""
     out = [f"graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
-           f"{b.chosen or '-'} ({b.role})" for b in d.broadcast]
+           f"{named(b.chosen) if b.chosen else 'not decided yet'} ({b.role})"
+           for b in d.broadcast]
     if d.not_broadcast:
         out.append("not broadcast (decided alike on every rank, or not called yet): graph "
                    + ", ".join(map(str, d.not_broadcast)))

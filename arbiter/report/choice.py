@@ -13,24 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .cells import estimates_text
+from .words import ONLY, named
 
 if TYPE_CHECKING:
     from .model import GraphReport
-
-#: The candidate labels a policy gives (arbiter/plan/policy.py: PRIORITY, ONLY).
-PLAN, ONLY = "priority", "only "
-
-
-def named(label: str) -> str:
-    """A candidate in words: ``priority`` the config-order plan, ``only X`` X alone."""
-    if label == PLAN:
-        return "the config-order plan"
-    if label.startswith(f"{PLAN} with "):
-        return f"the config-order plan with {label.removeprefix(PLAN + ' with ')}"
-    if label.startswith(ONLY):
-        return f"{label.removeprefix(ONLY)} alone"
-    return label
-
 
 def ms(v: float) -> str:
     """Milliseconds to about three digits: ``0.98``, ``51.4``, ``131``."""
@@ -149,3 +135,10 @@ def choice_line(g: GraphReport) -> str:
         return ""
     return (f"policy {g.policy}" + (", timed against eager" if g.against_eager else "")
             + f": {why}" + (f" ({g.measure_broadcast})" if g.measure_broadcast else ""))
+
+
+def not_chosen_lines(g: GraphReport) -> list[str]:
+    """The timed candidates not chosen whose partitions fell back while timed (a backend
+    failed there, whichever placement won)."""
+    return [f"not chosen, fell back while timed: {named(label)}: " + "; ".join(lines)
+            for label, lines in g.candidate_fallbacks.items()]

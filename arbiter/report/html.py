@@ -22,7 +22,7 @@ from .cells import (distributed_entries, distributed_summary, kind_fell_back,
                     kind_where, ops_text, partition_notes, plural, shapes_summary,
                     sizes_vary)
 from .accuracy import module_lines
-from .choice import choice_line
+from .choice import choice_line, not_chosen_lines
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
                        overview)
@@ -110,9 +110,7 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
     choice = choice_line(g)
     if choice:
         out.append(f'<p class="choice">{_e(choice)}</p>')
-    for label, lines in g.candidate_fallbacks.items():
-        out.append(f"<p>not chosen, fell back while timed: {_e(label)}: "
-                   f"{_e('; '.join(lines))}</p>")
+    out += [f"<p>{_e(line)}</p>" for line in not_chosen_lines(g)]
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]

@@ -21,7 +21,7 @@ from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
                     short_op as _short)
 
 from .accuracy import module_lines
-from .choice import choice_line
+from .choice import choice_line, not_chosen_lines
 from .model import use_text_rendering
 
 if TYPE_CHECKING:
@@ -147,8 +147,8 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
     choice = choice_line(g)
     if choice:
         yield Line(f"  {choice}")
-    for label, lines in g.candidate_fallbacks.items():
-        yield Line(f"  not chosen, fell back while timed: {label}: " + "; ".join(lines))
+    for line in not_chosen_lines(g):
+        yield Line(f"  {line}")
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
