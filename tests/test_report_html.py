@@ -496,8 +496,8 @@ class _TutorialCNN(torch.nn.Module):
 def test_nodes_outside_modules_stay_in_the_flow(tmp_path, fresh_dynamo):
     """Before: a partition's nodes outside any module were one box, "#0 onnxruntime 7
     nodes" for a 15-node partition, joined to every module: a sequential CNN drawn as a
-    star. Now a box per connected run of them, saying how many of its partition's nodes
-    it holds: the CNN is a chain."""
+    star. Now a box per connected run of them, named by its ops, saying how many of its
+    partition's nodes it holds: the CNN is a chain."""
     torch.manual_seed(0)
     with torch.no_grad():
         rep = arbiter.explain(_TutorialCNN().eval(), torch.randn(2, 3, 32, 32), config={
@@ -513,5 +513,6 @@ def test_nodes_outside_modules_stay_in_the_flow(tmp_path, fresh_dynamo):
     degree = Counter(u for e in edges for u in e.split(" "))
     assert max(degree.values()) == 2, degree  # a chain: one edge in, one out
     assert re.findall(r'data-unit="(p:[\d.]+)"', dom) == ["p:0", "p:0.1", "p:0.2", "p:0.3"]
-    held = [int(k) for k in re.findall(r">(\d+) of its 15 nodes<", dom)]
+    held = [int(k) for k in re.findall(r">(\d+) of #0's 15 nodes<", dom)]
     assert sorted(held) == [1, 1, 2, 3] and sum(held) == len(outside)
+    assert ">relu, max_pool2d_with_indices<" in dom  # named by their ops

@@ -11,6 +11,10 @@ function runsOn(p){return p.compiled?p.backend:p.planned_backend;}
 function plural(n,w){return n+' '+w+(n==1?'':'s');}
 var box=document.getElementById('details');box.onclick=function(){box.style.display='none';};
 
+function shortOp(op){return op.replace(/^aten\./,'').replace(/\.default$/,'');}
+function opsOf(nodes){  // `relu, max_pool2d_with_indices +1 op`: the first two ops met
+  var ops=[];nodes.forEach(function(n){var o=shortOp(n.op);if(ops.indexOf(o)<0)ops.push(o);});
+  return ops.slice(0,2).join(', ')+(ops.length>2?' +'+plural(ops.length-2,'op'):'');}
 function topUnits(nodes){
   // The boxes of the nodes outside any module: per partition, one box per connected run
   // of them (n._unit: `p:ID`, then `p:ID.1`, `p:ID.2`...), so a model's functional ops
@@ -54,9 +58,11 @@ function View(svg){
       c.forEach(function(ck,i){if(!G.hasNode(ck)){G.setNode(ck,{label:ck.charAt(2)=='p'?partLabel(n):ck.slice(4),cluster:true});if(i)G.setParent(ck,c[i-1]);}});
       if(c.length)x.parent=c[c.length-1];});
     Object.keys(units).forEach(function(k){var u=units[k],n=u.nodes[0];
-      u.label=k.charAt(0)=='n'?n.op.replace(/^aten\./,'').replace(/\.default$/,''):k.charAt(0)=='p'?partLabel(n):k.slice(2).split('.').slice(-2).join('.');
-      var all=parts[n.partition].nodes;  // a partition's nodes outside modules: how many of its own
-      u.sub=k.charAt(0)=='n'?'':k.charAt(0)=='p'&&u.nodes.length<all?u.nodes.length+' of its '+plural(all,'node'):plural(u.nodes.length,'node');
+      var all=parts[n.partition].nodes,some=k.charAt(0)=='p'&&u.nodes.length<all;
+      // a run of a partition's nodes outside modules: named by its ops, and how many of
+      // the partition's nodes it holds; a partition's whole: by the partition
+      u.label=k.charAt(0)=='n'?shortOp(n.op):some?opsOf(u.nodes):k.charAt(0)=='p'?partLabel(n):k.slice(2).split('.').slice(-2).join('.');
+      u.sub=k.charAt(0)=='n'?'':some?u.nodes.length+' of #'+n.partition+"'s "+plural(all,'node'):plural(u.nodes.length,'node');
       G.setNode(k,{width:Math.max(90,Math.min(300,14+7.4*Math.max(u.label.length,u.sub.length+10))),height:u.sub?38:24});if(u.parent)G.setParent(k,u.parent);});
     var seen={};g.graph.forEach(function(n){n.inputs.forEach(function(i){var a=of[i],b=of[n.name];if(!a||a==b||seen[a+'>'+b])return;seen[a+'>'+b]=1;G.setEdge(a,b);});});
     dagre.layout(G);
