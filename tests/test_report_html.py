@@ -25,7 +25,7 @@ from arbiter.cli import examples
 from arbiter.report import (BackendStatus, FallbackReport, GraphReport,
                             NodeReport, PartitionReport, Report)
 from arbiter.report.html import MAX_GROUPS, backend_colors, module_groups, render_html
-from arbiter.report.model import FirstUseReport
+from arbiter.report.model import FirstUseReport, OpReport
 from arbiter.report.overview import span
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -330,7 +330,8 @@ def test_no_column_is_narrower_than_its_headers_longest_word(which, tmp_path, fr
     if which == "resnet18":  # the inputs cell says what the text report says
         (part,) = reports[0].graphs[0].partitions
         assert len(part.inputs) == 101
-        assert '<td data-v="1x3x224x224 +100" title="float32[1x3x224x224] const' in text
+        assert re.search(r'<td data-v="1x3x224x224 \+100 -&gt; [\dx]+" title="in: '
+                         r'float32\[1x3x224x224\] const', text)
     attrs = _measured(page, 1400, tmp_path)
     assert attrs["data-errors"] == "" and attrs["data-ready"] == "1"
     assert attrs["data-columns"] == str(len(reports))
@@ -444,9 +445,19 @@ def test_a_modules_partitions_read_as_what_they_are():
     assert row.endswith('<td class="pids" title="#0, #3">#0, #3</td></tr>')
 
 
+#: A refusal as long as a real one (small_cnn's forward under `default`, training).
+REFUSAL = ("output 1 is used and openvino computes it wrongly (probe: float32: "
+           "nn.functional.batch_norm, forward graph: fails when returned for the backward: "
+           "compile: RuntimeError: OpenVINO could not convert the partition: Conversion is "
+           "failed for: <built-in function getitem>, S)")
+
+
 def _checked(rep: Report) -> Report:
-    """``rep`` with what a compiled run records per partition: verify's check, a first-use
-    check of its ops, the times measured per backend, a fallback's reason."""
+    """``rep`` with what a compiled run records per partition (verify's check, a first-use
+    check of its ops, the times measured per backend) and an op refused at length."""
+    rep.graphs[0].ops = [OpReport(op="aten._native_batch_norm_legit_functional.default",
+                                  nodes=2, able=["onnxruntime", "inductor", "eager"],
+                                  placed={"onnxruntime": 2}, refused={"openvino": REFUSAL})]
     for p in rep.graphs[0].partitions:
         ops = [f"{op} float32 (verified: declared)" for op in OPS] * 3
         p.verify_checks, p.verify_max_error = 1, 2.98e-08
@@ -459,7 +470,9 @@ def _checked(rep: Report) -> Report:
 @needs_chromium
 def test_side_by_side_table_rows_stay_short(tmp_path):
     """Before: side by side at 1400 px the partitions table's verify column got 53 px and
-    its rows were ~470 px tall: checks and fallbacks are now notes under the table."""
+    its rows were ~470 px tall (753 here), and an op's long refusal made its row 348 px:
+    checks, fallbacks and refusals are now notes under their tables; and the partitions
+    table scrolled inside its column (11 columns; now the text report's 9)."""
     reports = [_checked(bert_base_sized("onnxruntime first")),
                _checked(bert_base_sized("inductor first", order=("inductor", "onnxruntime")))]
     page = tmp_path / "report.html"
@@ -468,11 +481,15 @@ def test_side_by_side_table_rows_stay_short(tmp_path):
            "max error 2.98e-08; first use on onnxruntime checked against eager: passed" in text
     assert "partition 37: fallback at compile: onnxruntime -&gt; eager: RuntimeError: boom" \
            in text
+    assert "<li>_native_batch_norm_legit_functional refused by openvino: output 1 is used" \
+           in text
     page.write_text(text, encoding="utf-8")
     attrs = _measured(page, 1400, tmp_path)
     assert attrs["data-errors"] == "" and attrs["data-columns"] == "2"
     assert int(attrs["data-tallest-row"]) <= 80, attrs["data-tallest-row"]
     assert int(attrs["data-overflow"]) == 0
+    # the text report's columns: the tables fit their column, nothing scrolls sideways
+    assert attrs["data-wide-tables"] == "", attrs["data-wide-tables"]
 
 
 class _TutorialCNN(torch.nn.Module):

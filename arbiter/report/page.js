@@ -132,7 +132,9 @@ function measure(){var d=document.documentElement,ov=document.querySelector('.ov
   d.setAttribute('data-window',window.innerWidth+'x'+window.innerHeight);
   d.setAttribute('data-narrow-headers',narrow('th'));d.setAttribute('data-narrow-cells',narrow('td:not(.long)'));
   var tall=0;document.querySelectorAll('tbody tr').forEach(function(r){if(r.offsetParent)tall=Math.max(tall,r.getBoundingClientRect().height);});
-  d.setAttribute('data-tallest-row',Math.round(tall));}  // px, of the table rows on show
+  d.setAttribute('data-tallest-row',Math.round(tall));  // px, of the table rows on show
+  var wide=[];document.querySelectorAll('.tablewrap').forEach(function(w){if(w.offsetParent&&w.scrollWidth>w.clientWidth+1)wide.push(w.firstChild.classList[1]);});
+  d.setAttribute('data-wide-tables',wide.join(' '));}  // the tables scrolling inside their box
 measure();window.addEventListener('resize',measure);
 document.documentElement.setAttribute('data-ready','1');
 })();
