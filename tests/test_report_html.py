@@ -513,8 +513,8 @@ class _TutorialCNN(torch.nn.Module):
 def test_nodes_outside_modules_stay_in_the_flow(tmp_path, fresh_dynamo):
     """Before: a partition's nodes outside any module were one box, "#0 onnxruntime 7
     nodes" for a 15-node partition, joined to every module: a sequential CNN drawn as a
-    star. Now a box per connected run of them, named by its ops, saying how many of its
-    partition's nodes it holds: the CNN is a chain."""
+    star. Now a box per run of them that no module's node interrupts, named by its ops,
+    saying how many of its partition's nodes it holds: the CNN is a chain."""
     torch.manual_seed(0)
     with torch.no_grad():
         rep = arbiter.explain(_TutorialCNN().eval(), torch.randn(2, 3, 32, 32), config={

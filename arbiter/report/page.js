@@ -16,18 +16,17 @@ function opsOf(nodes){  // `relu, max_pool2d_with_indices +1 op`: the first two 
   var ops=[];nodes.forEach(function(n){var o=shortOp(n.op);if(ops.indexOf(o)<0)ops.push(o);});
   return ops.slice(0,2).join(', ')+(ops.length>2?' +'+plural(ops.length-2,'op'):'');}
 function topUnits(nodes){
-  // The boxes of the nodes outside any module: per partition, one box per connected run
-  // of them (n._unit: `p:ID`, then `p:ID.1`, `p:ID.2`...), so a model's functional ops
-  // between its modules stay where they are in the flow (one box per partition drew a
-  // sequential CNN as a star around it).
-  var top={},up={},key={},count={};
-  function find(x){while(up[x]!=x){up[x]=up[up[x]];x=up[x];}return x;}
-  nodes.forEach(function(n){if(!n._path.length){top[n.name]=n;up[n.name]=n.name;}});
-  nodes.forEach(function(n){if(!top[n.name])return;n.inputs.forEach(function(i){
-    if(top[i]&&top[i].partition==n.partition){var a=find(i),b=find(n.name);if(a!=b)up[b]=a;}});});
-  nodes.forEach(function(n){if(!top[n.name])return;var r=find(n.name);
-    if(!(r in key)){var k=count[n.partition]||0;count[n.partition]=k+1;key[r]='p:'+n.partition+(k?'.'+k:'');}
-    n._unit=key[r];});}
+  // The boxes of the nodes outside any module: per partition, one box per run of them
+  // that no node in a module interrupts, in graph order (n._unit: `p:ID`, then `p:ID.1`,
+  // `p:ID.2`...), so a model's functional ops between its modules stay where they are in
+  // the flow (one box per partition drew a sequential CNN as a star around it); a graph
+  // without modules keeps one box per partition.
+  var run={},count={};
+  nodes.forEach(function(n){
+    if(n._path.length){run={};return;}
+    var p=n.partition;
+    if(!(p in run)){var k=count[p]||0;count[p]=k+1;run[p]='p:'+p+(k?'.'+k:'');}
+    n._unit=run[p];});}
 
 function View(svg){
   var rep=data[+svg.dataset.report],g=null;
