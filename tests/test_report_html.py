@@ -4,7 +4,9 @@ Checks: the page's JS (with the vendored dagre) runs without errors (the page re
 window.onerror and console.error into <html data-errors>), the overview has one box per
 partition, search counts nodes, and, for a BERT-base-sized report (503 nodes, 74
 partitions, 12 layers) and a tiny one at 1400 and 800 px wide: the page does not overflow
-sideways and the first overview is on screen without scrolling. Screenshots are kept
+sideways and the first overview is on screen without scrolling; side by side, no table
+row is taller than 80 px nor any table wider than its column; a model's functional ops
+between its modules draw as a chain, not a star. Screenshots are kept
 where $ARBITER_SCREENSHOTS points (to look at them). Skipped, with the reason, where
 chromium is not installed (.ci/run installs it when apt is available).
 """
