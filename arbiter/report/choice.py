@@ -18,6 +18,7 @@ from .words import ONLY, named
 if TYPE_CHECKING:
     from .model import GraphReport
 
+
 def ms(v: float) -> str:
     """Milliseconds to about three digits: ``0.98``, ``51.4``, ``131``."""
     return f"{v:.3f}" if v < 0.1 else f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 \
@@ -83,7 +84,7 @@ def _measured(g: GraphReport) -> str:
     if mine[1] <= rest[0][1]:
         return f"{_who(mine[0])} was measured fastest: {at(*mine)} against {against}"
     why = (f"eager must beat the plan by more than {EAGER_MARGIN:.0%}" if g.against_eager
-           else "the faster were refused or not kept (accuracy, refinement)")
+           else "the faster ones were refused for accuracy or were not kept")
     return f"{_who(mine[0])} kept at {at(*mine)} against {against}: {why}"
 
 
