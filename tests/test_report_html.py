@@ -4,7 +4,9 @@ Checks: the page's JS (with the vendored dagre) runs without errors (the page re
 window.onerror and console.error into <html data-errors>), the overview has one box per
 partition, search counts nodes, and, for a BERT-base-sized report (503 nodes, 74
 partitions, 12 layers) and a tiny one at 1400 and 800 px wide: the page does not overflow
-sideways and the first overview is on screen without scrolling. Screenshots are kept
+sideways and the first overview is on screen without scrolling; side by side, no table
+row is taller than 80 px nor any table wider than its column; a model's functional ops
+between its modules draw as a chain, not a star. Screenshots are kept
 where $ARBITER_SCREENSHOTS points (to look at them). Skipped, with the reason, where
 chromium is not installed (.ci/run installs it when apt is available).
 """
@@ -14,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -21,9 +24,11 @@ import torch
 
 import arbiter
 from arbiter.cli import examples
-from arbiter.report import (BackendStatus, FallbackReport, GraphReport, NodeReport,
-                            PartitionReport, Report)
+from arbiter.report import (BackendStatus, FallbackReport, GraphReport,
+                            NodeReport, PartitionReport, Report)
 from arbiter.report.html import MAX_GROUPS, backend_colors, module_groups, render_html
+from arbiter.report.model import FirstUseReport, OpReport
+from arbiter.report.overview import span
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed "
@@ -327,7 +332,8 @@ def test_no_column_is_narrower_than_its_headers_longest_word(which, tmp_path, fr
     if which == "resnet18":  # the inputs cell says what the text report says
         (part,) = reports[0].graphs[0].partitions
         assert len(part.inputs) == 101
-        assert '<td data-v="1x3x224x224 +100" title="float32[1x3x224x224] const' in text
+        assert re.search(r'<td data-v="1x3x224x224 \+100 -&gt; [\dx]+" title="in: '
+                         r'float32\[1x3x224x224\] const', text)
     attrs = _measured(page, 1400, tmp_path)
     assert attrs["data-errors"] == "" and attrs["data-ready"] == "1"
     assert attrs["data-columns"] == str(len(reports))
@@ -418,3 +424,114 @@ def test_counts_are_singular_or_plural():
     text = plain(rep)
     assert "1 node, 2 partitions, 0 constant weights" in text and "1 nodes" not in text
     assert rep.summary().startswith("1 graph, 2 partitions;")
+
+
+# -- the rough edges a new user hits: row heights, boxes outside modules, spans -------------
+def test_a_modules_partitions_read_as_what_they_are():
+    """Before: a module in partitions #1 and #7 read "#1–#7 (2)", a range of seven."""
+    assert span([7, 1, 7]) == "#1, #7"
+    assert span([3, 4, 5, 6]) == "#3–#6"  # a range only where it holds every one
+    assert span([1, 4, 7, 30]) == "4 of #1–#30"
+    nodes = [NodeReport(name=f"n{k}", op="aten.relu.default", partition=pid, inputs=[],
+                        module=mod) for k, (pid, mod) in enumerate(
+                            [(0, "a"), (1, "b"), (2, "c"), (3, "a")])]
+    parts = [PartitionReport(id=k, planned_backend=b, compiled=True, backend=b, nodes=1,
+                             ops={"aten.relu.default": 1}, node_names=[f"n{k}"],
+                             chain=[b, "eager"])
+             for k, b in enumerate(["onnxruntime", "eager", "onnxruntime", "eager"])]
+    rep = Report(backends=[BackendStatus(name=b, available=True, color=COLORS[b])
+                           for b in ("onnxruntime", "eager")],
+                 graphs=[GraphReport(graph_id=0, kind="inference", nodes=4, partitions=parts,
+                                     graph=nodes)])
+    row = re.search(r'<tr class="module" data-module="a">.*?</tr>', render_html(rep)).group(0)
+    assert row.endswith('<td class="pids" title="#0, #3">#0, #3</td></tr>')
+
+
+#: A refusal as long as a real one (small_cnn's forward under `default`, training).
+REFUSAL = ("output 1 is used and openvino computes it wrongly (probe: float32: "
+           "nn.functional.batch_norm, forward graph: fails when returned for the backward: "
+           "compile: RuntimeError: OpenVINO could not convert the partition: Conversion is "
+           "failed for: <built-in function getitem>, S)")
+
+
+def _checked(rep: Report) -> Report:
+    """``rep`` with what a compiled run records per partition (verify's check, a first-use
+    check of its ops, the times measured per backend) and an op refused at length."""
+    rep.graphs[0].ops = [OpReport(op="aten._native_batch_norm_legit_functional.default",
+                                  nodes=2, able=["onnxruntime", "inductor", "eager"],
+                                  placed={"onnxruntime": 2}, refused={"openvino": REFUSAL})]
+    for p in rep.graphs[0].partitions:
+        ops = [f"{op} float32 (verified: declared)" for op in OPS] * 3
+        p.verify_checks, p.verify_max_error = 1, 2.98e-08
+        p.first_use = [FirstUseReport(backend=p.backend, unverified=ops, result="passed")]
+        p.measured_ms = {p.backend: 0.412, "eager": 0.873}
+        p.copies, p.restride_copies = 1, 0
+    return rep
+
+
+@needs_chromium
+def test_side_by_side_table_rows_stay_short(tmp_path):
+    """Before: side by side at 1400 px the partitions table's verify column got 53 px and
+    its rows were ~470 px tall (753 here), and an op's long refusal made its row 348 px:
+    checks, fallbacks and refusals are now notes under their tables; and the partitions
+    table scrolled inside its column (11 columns; now the text report's 9)."""
+    reports = [_checked(bert_base_sized("onnxruntime first")),
+               _checked(bert_base_sized("inductor first", order=("inductor", "onnxruntime")))]
+    page = tmp_path / "report.html"
+    text = render_html(reports)
+    assert "partition 0: copies 1 at the boundary, 0 restrides; verified 1x against eager, " \
+           "max error 2.98e-08; first use on onnxruntime checked against eager: passed" in text
+    assert "partition 37: fallback at compile: onnxruntime -&gt; eager: RuntimeError: boom" \
+           in text
+    assert "<li>_native_batch_norm_legit_functional refused by openvino: output 1 is used" \
+           in text
+    page.write_text(text, encoding="utf-8")
+    attrs = _measured(page, 1400, tmp_path)
+    assert attrs["data-errors"] == "" and attrs["data-columns"] == "2"
+    assert int(attrs["data-tallest-row"]) <= 80, attrs["data-tallest-row"]
+    assert int(attrs["data-overflow"]) == 0
+    # the text report's columns: the tables fit their column, nothing scrolls sideways
+    assert attrs["data-wide-tables"] == "", attrs["data-wide-tables"]
+
+
+class _TutorialCNN(torch.nn.Module):
+    """PyTorch's tutorial CNN: its relus, poolings and flatten are functional, between
+    its modules, so they sit outside any module."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(3, 6, 5), torch.nn.Conv2d(6, 16, 5)
+        self.fc1, self.fc2 = torch.nn.Linear(400, 120), torch.nn.Linear(120, 84)
+        self.fc3 = torch.nn.Linear(84, 10)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2), 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+@needs_chromium
+def test_nodes_outside_modules_stay_in_the_flow(tmp_path, fresh_dynamo):
+    """Before: a partition's nodes outside any module were one box, "#0 onnxruntime 7
+    nodes" for a 15-node partition, joined to every module: a sequential CNN drawn as a
+    star. Now a box per run of them that no module's node interrupts, named by its ops,
+    saying how many of its partition's nodes it holds: the CNN is a chain."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rep = arbiter.explain(_TutorialCNN().eval(), torch.randn(2, 3, 32, 32), config={
+            "backends": ["onnxruntime"], "min_block_size": 1, "against_eager": "off"})
+    (part,) = rep.graphs[0].partitions
+    outside = [n for n in rep.graphs[0].graph if not n.module]
+    assert part.nodes == 15 and len(outside) == 7
+    page = tmp_path / "cnn.html"
+    page.write_text(render_html(rep), encoding="utf-8")
+    dom = chromium("--dump-dom", page.as_uri(), cwd=tmp_path).stdout
+    assert _html_attrs(dom)["data-errors"] == ""
+    edges = re.findall(r'data-edge="([^"]+)"', dom)
+    degree = Counter(u for e in edges for u in e.split(" "))
+    assert max(degree.values()) == 2, degree  # a chain: one edge in, one out
+    assert re.findall(r'data-unit="(p:[\d.]+)"', dom) == ["p:0", "p:0.1", "p:0.2", "p:0.3"]
+    held = [int(k) for k in re.findall(r">(\d+) of #0's 15 nodes<", dom)]
+    assert sorted(held) == [1, 1, 2, 3] and sum(held) == len(outside)
+    assert ">relu, max_pool2d_with_indices<" in dom  # named by their ops

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from .words import plural
+from .words import named, plural
 
 if TYPE_CHECKING:
     from .model import DistributedReport, KindReport
@@ -122,7 +122,8 @@ def distributed_summary(d: DistributedReport) -> str:
 def distributed_entries(d: DistributedReport) -> list[str]:
     """One entry per broadcast graph, then the graphs not broadcast."""
     out = [f"graph {b.graph_id} ({b.kind}{', ' + b.model if b.model else ''}): "
-           f"{b.chosen or '-'} ({b.role})" for b in d.broadcast]
+           f"{named(b.chosen) if b.chosen else 'not decided yet'} ({b.role})"
+           for b in d.broadcast]
     if d.not_broadcast:
         out.append("not broadcast (decided alike on every rank, or not called yet): graph "
                    + ", ".join(map(str, d.not_broadcast)))
@@ -151,6 +152,31 @@ def sizes_vary(p: Any) -> bool:
     """Whether a partition's traffic has no one size: some tensor it reads or writes is
     symbolic (its bytes are None), so a byte count would read 0 B."""
     return any(t.bytes is None for t in (*p.inputs, *p.outputs))
+
+
+def partition_notes(p: Any) -> list[str]:
+    """What a partition's table row has no room for: copies at its boundary, its NaN/inf
+    guard, the integer dtypes it runs quantized, verify's checks, first-use checks, the times measured per backend (the text
+    report's ``partition N:`` line, and the notes under the HTML page's table)."""
+    notes = []
+    if p.copies or p.restride_copies:
+        notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
+    if p.nonfinite_guard:
+        notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
+                     f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
+                     + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
+                        if p.nonfinite_eager_calls else ""))
+    if p.quantized:
+        notes.append(f"quantized ({', '.join(p.quantized)}): {p.backend} runs the "
+                     "quantize/dequantize nodes with the layers they feed")
+    if p.verify_checks:
+        err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
+        notes.append(f"verified {p.verify_checks}x against eager{err}")
+    notes += [c.line() for c in p.first_use]
+    if p.measured_ms:
+        notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
+                                             for b, ms in p.measured_ms.items()))
+    return notes
 
 
 def bytes_text(p: Any) -> str:

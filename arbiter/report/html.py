@@ -18,9 +18,11 @@ import zlib
 from collections.abc import Sequence
 from typing import Optional
 
-from .cells import (distributed_entries, distributed_summary, estimates_text, kind_fell_back,
-                    kind_where, ops_text, plural, shapes_summary, sizes_vary)
+from .cells import (distributed_entries, distributed_summary, kind_fell_back,
+                    kind_where, ops_text, partition_notes, plural, shapes_summary,
+                    short_op, sizes_vary)
 from .accuracy import module_lines
+from .choice import choice_line, not_chosen_lines
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
                        overview)
@@ -73,11 +75,15 @@ def _table(cls: str, head: Sequence[str], rows: Sequence[Sequence[object]],
             f"<tbody>{body}</tbody></table></div>")
 
 
-def _tensors(ts) -> tuple[str, str]:
-    """``1x3x224x224 +102`` (the first data input, how many more: as the text report),
-    and every tensor for the tooltip."""
-    return shapes_summary(ts), " ".join(("const " if t.source == "constant" else "") +
-                                        f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in ts)
+def _tensors(ins, outs) -> tuple[str, str]:
+    """``1x3x224x224 +102 -> 1x10`` (the first data tensor, how many more: as the text
+    report), and every tensor for the tooltip."""
+    def every(ts):
+        return " ".join(("const " if t.source == "constant" else "") +
+                        f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in ts)
+
+    return (f"{shapes_summary(ins)} -> {shapes_summary(outs)}",
+            f"in: {every(ins)}\nout: {every(outs)}")
 
 
 def _backend(p) -> str:
@@ -88,23 +94,32 @@ def _backend(p) -> str:
         f"{p.backend} (planned {p.planned_backend})"
 
 
+def _notes(g: GraphReport) -> str:
+    """Under the partitions table, what its rows have no room for (as the text report's
+    ``partition N:`` lines): checks, copies, measured times, each fallback and its reason."""
+    items = [f"partition {p.id}: " + "; ".join(notes)
+             for p in g.partitions if (notes := partition_notes(p))]
+    items += [f"partition {p.id}: fallback at {f.stage}: {f.from_backend} -> {f.to_backend}: "
+              f"{f.reason}" for p in g.partitions for f in p.fallbacks]
+    return _list(items)
+
+
+def _list(items: Sequence[str]) -> str:
+    """Notes under a table: what its rows have no room for."""
+    return ('<ul class="notes">' + "".join(f"<li>{_e(x)}</li>" for x in items) + "</ul>"
+            if items else "")
+
+
 def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
     total = r.timing.total_s if r.timing else sum(p.run_s for p in g.partitions)
     out = [f'<div class="graph-block" data-report="{rid}" data-graph="{g.graph_id}">',
            f"<h3>graph {g.graph_id} ({_e(g.kind)}{', ' + _e(g.model) if g.model else ''}): "
            f"{plural(g.nodes, 'node')}, {plural(len(g.partitions), 'partition')}, "
            f"policy {_e(g.policy)}</h3>"]
-    if g.chosen or g.candidates_ms or g.estimates_ms:
-        out.append(f"<p>policy {_e(g.policy)}"
-                   f"{', timed against eager' if g.against_eager else ''}: "
-                   f"chose {_e(g.chosen or '-')}; measured: " +
-                   _e(", ".join(f"{k} {v:.3f} ms" if v is not None else f"{k} -"
-                                for k, v in g.candidates_ms.items()) or "-") +
-                   "; estimated: " + _e(estimates_text(g.estimates_ms, g.candidates_ms)
-                                        or "-") + "</p>")
-    for label, lines in g.candidate_fallbacks.items():
-        out.append(f"<p>not chosen, fell back while timed: {_e(label)}: "
-                   f"{_e('; '.join(lines))}</p>")
+    choice = choice_line(g)
+    if choice:
+        out.append(f'<p class="choice">{_e(choice)}</p>')
+    out += [f"<p>{_e(line)}</p>" for line in not_chosen_lines(g)]
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
@@ -149,36 +164,27 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
         if path not in mods.setdefault(n.partition, []):
             mods[n.partition].append(path)
     out.append("<details><summary>partitions</summary>" + _table(
-        "partitions", ["#", "backend", "nodes", "modules", "inputs", "outputs", "bytes in",
-                       "bytes out", "compile s", "run ms/call", "share of call", "copies",
-                       "verify", "measured ms", "fallbacks"], [
+        "partitions", ["#", "backend", "nodes", "modules", "in -> out", "bytes in",
+                       "bytes out", "compile s", "run ms/call (share)"], [
             [p.id, _backend(p), p.nodes,
              (", ".join(mods.get(p.id, [])[:3]) + (" …" if len(mods.get(p.id, [])) > 3 else ""),
               "\n".join(mods.get(p.id, []))),
-             _tensors(p.inputs), _tensors(p.outputs),
+             _tensors(p.inputs, p.outputs),
              "varies" if sizes_vary(p) else p.bytes_in + p.graph_input_bytes,
              "varies" if sizes_vary(p) else p.bytes_out, p.compile_s,
-             round(p.run_s / p.calls * 1e3, 4) if p.calls else "-",
-             f"{p.run_s / total:.0%}" if total and p.calls else "-",
-             f"{p.copies} + {p.restride_copies} restride",
-             "; ".join(filter(None, [
-                 (f"{p.verify_checks}x, max err {p.verify_max_error:.1e}"
-                  if p.verify_max_error is not None else f"{p.verify_checks}x")
-                 if p.verify_checks else "",
-                 (f"NaN/inf guard ({', '.join(p.nonfinite_guard)}): "
-                  f"{p.nonfinite_eager_calls} calls in eager") if p.nonfinite_guard else "",
-                 *(c.line() for c in p.first_use)]))
-             or "-",
-             ", ".join(f"{b} {ms:.3f}" for b, ms in p.measured_ms.items()) or "-",
-             "; ".join(f"{f.stage}: {f.from_backend} -> {f.to_backend}: {f.reason}"
-                       for f in p.fallbacks) or "-"] for p in g.partitions],
-        long=("modules", "verify", "fallbacks")) + "</details>")
+             f"{p.run_s / p.calls * 1e3:.4g} ({p.run_s / total:.0%})" if total and p.calls
+             else round(p.run_s / p.calls * 1e3, 4) if p.calls else "-"]
+            for p in g.partitions],
+        long=("modules",)) + _notes(g) + "</details>")
+    refusals = [f"{short_op(o.op)} refused by {b}: {w}" for o in g.ops
+                for b, w in o.refused.items()]
     out.append("<details><summary>ops</summary>" + _table(
-        "ops", ["op", "nodes", "runs on", "able", "refused"], [
-            [o.op, o.nodes, ", ".join([f"{b} {n}" for b, n in o.placed.items()] +
-                                      [f"{b} {n} (planned)" for b, n in o.planned.items()]),
-             ", ".join(o.able), "; ".join(f"{b}: {w}" for b, w in o.refused.items()) or "-"]
-            for o in g.ops], long=("refused",)) + "</details>")
+        "ops", ["op", "nodes", "runs on", "able", "refused by"], [
+            [(short_op(o.op), o.op), o.nodes,
+             ", ".join([f"{b} {n}" for b, n in o.placed.items()] +
+                       [f"{b} {n} (planned)" for b, n in o.planned.items()]),
+             ", ".join(o.able), ", ".join(o.refused) or "-"]
+            for o in g.ops]) + _list(refusals) + "</details>")
     out.append("</div>")
     return "".join(out)
 
@@ -188,18 +194,20 @@ def _kinds(r: Report) -> str:
     if not r.kinds:
         return ""
     timed = any(k.calls for k in r.kinds)
-    head = ["kind", "graphs", "nodes", "partitions", "runs on: nodes in partitions",
-            "eager: its ops", "fell back", "compile s"] + (["run ms/call"] if timed else [])
+    # the text report's columns (text.kind_table): one row a kind, short enough side by side
+    head = ["kind", "nodes", "runs on: nodes in partitions", "eager: its ops", "fell back",
+            "compile s"] + (["run ms/call"] if timed else [])
     rows = []
     for k in r.kinds:
-        row = [k.kind, len(k.graphs), k.nodes, k.partitions, kind_where(k),
-               ops_text(k.eager_ops, 6) if k.eager_nodes else "-", kind_fell_back(k),
-               round(k.compile_s, 2)]
+        kind = (k.kind, plural(len(k.graphs), "graph")) if len(k.graphs) == 1 else \
+            f"{k.kind} ({len(k.graphs)} graphs)"
+        row = [kind, k.nodes, kind_where(k), ops_text(k.eager_ops, 4) if k.eager_nodes else "-",
+               kind_fell_back(k), round(k.compile_s, 2)]
         if timed:
             row.append(round(k.run_s / k.calls * 1e3, 3) if k.calls else "-")
         rows.append(row)
     return '<div class="kinds"><p><b>what ran where, per graph kind</b></p>' + \
-        _table("kinds", head, rows) + "</div>"
+        _table("kinds", head, rows, long=("eager: its ops",)) + "</div>"
 
 
 def _distributed(r: Report) -> str:

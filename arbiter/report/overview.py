@@ -134,8 +134,15 @@ def node_counts(g: GraphReport) -> dict[str, int]:
     return out
 
 
-def _span(pids: list[int]) -> str:
-    return f"#{pids[0]}" if len(pids) == 1 else f"#{min(pids)}–#{max(pids)} ({len(pids)})"
+def span(pids: list[int]) -> str:
+    """The partitions a module's nodes are in: each of up to three (``#1, #7``), a range
+    only where it holds every one (``#3–#9``), else how many of which range (``5 of
+    #1–#30``: "#1–#7 (2)" read as seven)."""
+    ids = sorted(set(pids))
+    if len(ids) <= 3:
+        return ", ".join(f"#{i}" for i in ids)
+    whole = f"#{ids[0]}–#{ids[-1]}"
+    return whole if ids[-1] - ids[0] + 1 == len(ids) else f"{len(ids)} of {whole}"
 
 
 def overview(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
@@ -168,7 +175,8 @@ def overview(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str
         rows.append(f'<tr class="module{" fell" if fell else ""}" data-module="{esc(path)}">'
                     f'<td class="mod" title="{esc(path)}">{warn}{esc(path)}</td>'
                     f'<td class="barcell" title="{esc(share)}">{drawn}</td>'
-                    f'<td class="share">{esc(share)}</td><td class="pids">{_span(pids)}</td></tr>')
+                    f'<td class="share">{esc(share)}</td><td class="pids" title="'
+                    f'{esc(", ".join(f"#{i}" for i in sorted(pids)))}">{span(pids)}</td></tr>')
     falls = sum(len(p.fallbacks) for p in g.partitions)
     tail = plural(len(g.partitions), "partition") + \
         (f" · {plural(falls, 'fallback')}" if falls else "")

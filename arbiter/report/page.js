@@ -11,6 +11,23 @@ function runsOn(p){return p.compiled?p.backend:p.planned_backend;}
 function plural(n,w){return n+' '+w+(n==1?'':'s');}
 var box=document.getElementById('details');box.onclick=function(){box.style.display='none';};
 
+function shortOp(op){return op.replace(/^aten\./,'').replace(/\.default$/,'');}
+function opsOf(nodes){  // `relu, max_pool2d_with_indices +1 op`: the first two ops met
+  var ops=[];nodes.forEach(function(n){var o=shortOp(n.op);if(ops.indexOf(o)<0)ops.push(o);});
+  return ops.slice(0,2).join(', ')+(ops.length>2?' +'+plural(ops.length-2,'op'):'');}
+function topUnits(nodes){
+  // The boxes of the nodes outside any module: per partition, one box per run of them
+  // that no node in a module interrupts, in graph order (n._unit: `p:ID`, then `p:ID.1`,
+  // `p:ID.2`...), so a model's functional ops between its modules stay where they are in
+  // the flow (one box per partition drew a sequential CNN as a star around it); a graph
+  // without modules keeps one box per partition.
+  var run={},count={};
+  nodes.forEach(function(n){
+    if(n._path.length){run={};return;}
+    var p=n.partition;
+    if(!(p in run)){var k=count[p]||0;count[p]=k+1;run[p]='p:'+p+(k?'.'+k:'');}
+    n._unit=run[p];});}
+
 function View(svg){
   var rep=data[+svg.dataset.report],g=null;
   rep.graphs.forEach(function(x){if(x.graph_id==+svg.dataset.graph)g=x;});
@@ -18,16 +35,18 @@ function View(svg){
   var depth=+(svg.closest('.graph-block').querySelector('table.modules th').textContent.match(/depth (\d+)/)||[0,1])[1];
   var open={},st={x:0,y:0,k:1},root=el('g',{},svg),self=this;
   g.graph.forEach(function(n){n._path=n.module?n.module.split('.'):[];});
+  topUnits(g.graph);
   function chain(n){  // the open groups around a node, outermost first (dagre clusters)
     var p=n._path,out=[];
-    if(!p.length)return open['p:'+n.partition]?['c:p:'+n.partition]:[];
+    if(!p.length)return open[n._unit]?['c:'+n._unit]:[];
     for(var k=Math.min(depth,p.length);k<=p.length;k++){var m='m:'+p.slice(0,k).join('.');if(!open[m])break;out.push('c:'+m);}
     return out;}
   function unitOf(n,c){  // the box a node is drawn in: a module group, a partition group or itself
     var p=n._path;
-    if(!p.length)return c.length?'n:'+n.name:'p:'+n.partition;
+    if(!p.length)return c.length?'n:'+n.name:n._unit;
     var k=Math.min(depth,p.length)+c.length;
     return k>p.length?'n:'+n.name:'m:'+p.slice(0,k).join('.');}
+  function partLabel(n){return '#'+n.partition+' '+runsOn(parts[n.partition]);}
   this.layout=function(){
     var G=new dagre.graphlib.Graph({compound:true,multigraph:false});
     G.setGraph({rankdir:'TB',nodesep:14,ranksep:26,marginx:10,marginy:10});G.setDefaultEdgeLabel(function(){return{};});
@@ -35,11 +54,14 @@ function View(svg){
     g.graph.forEach(function(n){var c=chain(n),u=unitOf(n,c);of[n.name]=u;var x=units[u]||(units[u]={key:u,nodes:[],by:{},fell:false,hit:0});
       x.nodes.push(n);var b=runsOn(parts[n.partition]);x.by[b]=(x.by[b]||0)+1;if(parts[n.partition].fallbacks.length)x.fell=true;
       if(q&&n.op.toLowerCase().indexOf(q)>=0)x.hit++;
-      c.forEach(function(ck,i){if(!G.hasNode(ck)){G.setNode(ck,{label:ck.slice(4),cluster:true});if(i)G.setParent(ck,c[i-1]);}});
+      c.forEach(function(ck,i){if(!G.hasNode(ck)){G.setNode(ck,{label:ck.charAt(2)=='p'?partLabel(n):ck.slice(4),cluster:true});if(i)G.setParent(ck,c[i-1]);}});
       if(c.length)x.parent=c[c.length-1];});
     Object.keys(units).forEach(function(k){var u=units[k],n=u.nodes[0];
-      u.label=k.charAt(0)=='n'?n.op.replace(/^aten\./,'').replace(/\.default$/,''):k.charAt(0)=='p'?'#'+n.partition+' '+runsOn(parts[n.partition]):k.slice(2).split('.').slice(-2).join('.');
-      u.sub=k.charAt(0)=='n'?'':plural(u.nodes.length,'node');
+      var all=parts[n.partition].nodes,some=k.charAt(0)=='p'&&u.nodes.length<all;
+      // a run of a partition's nodes outside modules: named by its ops, and how many of
+      // the partition's nodes it holds; a partition's whole: by the partition
+      u.label=k.charAt(0)=='n'?shortOp(n.op):some?opsOf(u.nodes):k.charAt(0)=='p'?partLabel(n):k.slice(2).split('.').slice(-2).join('.');
+      u.sub=k.charAt(0)=='n'?'':some?u.nodes.length+' of #'+n.partition+"'s "+plural(all,'node'):plural(u.nodes.length,'node');
       G.setNode(k,{width:Math.max(90,Math.min(300,14+7.4*Math.max(u.label.length,u.sub.length+10))),height:u.sub?38:24});if(u.parent)G.setParent(k,u.parent);});
     var seen={};g.graph.forEach(function(n){n.inputs.forEach(function(i){var a=of[i],b=of[n.name];if(!a||a==b||seen[a+'>'+b])return;seen[a+'>'+b]=1;G.setEdge(a,b);});});
     dagre.layout(G);
@@ -47,7 +69,7 @@ function View(svg){
     G.nodes().forEach(function(k){var v=G.node(k);if(!v||!v.cluster)return;
       var c=el('g',{'class':'cluster','data-cluster':k.slice(2)},root);el('rect',{x:v.x-v.width/2,y:v.y-v.height/2,width:v.width,height:v.height,rx:6},c);
       var t=el('text',{x:v.x-v.width/2+6,y:v.y-v.height/2+12},c);t.textContent='▾ '+v.label+' (close)';t.onclick=function(ev){ev.stopPropagation();delete open[k.slice(2)];self.layout();};});
-    G.edges().forEach(function(e){var pts=G.edge(e).points,d='M'+pts.map(function(p){return p.x.toFixed(1)+','+p.y.toFixed(1);}).join('L');el('path',{'class':'edge',d:d},root);});
+    G.edges().forEach(function(e){var pts=G.edge(e).points,d='M'+pts.map(function(p){return p.x.toFixed(1)+','+p.y.toFixed(1);}).join('L');el('path',{'class':'edge','data-edge':e.v+' '+e.w,d:d},root);});
     var hits=0;
     Object.keys(units).forEach(function(k){var u=units[k],v=G.node(k),x=v.x-v.width/2,y=v.y-v.height/2;hits+=u.hit;
       var isNode=k.charAt(0)=='n',grp=el('g',{'class':'unit'+(isNode?' node':'')+(u.hit?' hit':'')+(u.fell?' fell':''),'data-unit':k},root);
@@ -72,7 +94,7 @@ function View(svg){
     st.x=Math.max(0,(W-self.bounds.w*st.k)/2);st.y=Math.max(0,(H-self.bounds.h*st.k)/2);apply();};
   this.zoom=function(f,cx,cy){var r=svg.getBoundingClientRect();cx=cx===undefined?r.width/2:cx;cy=cy===undefined?r.height/2:cy;
     var k=Math.max(0.05,Math.min(6,st.k*f));st.x=cx-(cx-st.x)*k/st.k;st.y=cy-(cy-st.y)*k/st.k;st.k=k;apply();};
-  this.openAll=function(){g.graph.forEach(function(n){for(var k=depth;k<=n._path.length;k++)open['m:'+n._path.slice(0,k).join('.')]=1;open['p:'+n.partition]=1;});self.layout();self.fit();};
+  this.openAll=function(){g.graph.forEach(function(n){for(var k=depth;k<=n._path.length;k++)open['m:'+n._path.slice(0,k).join('.')]=1;if(n._unit)open[n._unit]=1;});self.layout();self.fit();};
   this.closeAll=function(){open={};self.layout();self.fit();};
   svg.addEventListener('wheel',function(ev){ev.preventDefault();var r=svg.getBoundingClientRect();self.zoom(ev.deltaY<0?1.15:1/1.15,ev.clientX-r.left,ev.clientY-r.top);},{passive:false});
   var drag=null;svg.addEventListener('pointerdown',function(ev){drag={x:ev.clientX-st.x,y:ev.clientY-st.y};});
@@ -107,7 +129,11 @@ function measure(){var d=document.documentElement,ov=document.querySelector('.ov
   var lefts={};document.querySelectorAll('section.report').forEach(function(x){lefts[Math.round(x.getBoundingClientRect().left)]=1;});
   d.setAttribute('data-columns',Object.keys(lefts).length);
   d.setAttribute('data-window',window.innerWidth+'x'+window.innerHeight);
-  d.setAttribute('data-narrow-headers',narrow('th'));d.setAttribute('data-narrow-cells',narrow('td:not(.long)'));}
+  d.setAttribute('data-narrow-headers',narrow('th'));d.setAttribute('data-narrow-cells',narrow('td:not(.long)'));
+  var tall=0;document.querySelectorAll('tbody tr').forEach(function(r){if(r.offsetParent)tall=Math.max(tall,r.getBoundingClientRect().height);});
+  d.setAttribute('data-tallest-row',Math.round(tall));  // px, of the table rows on show
+  var wide=[];document.querySelectorAll('.tablewrap').forEach(function(w){if(w.offsetParent&&w.scrollWidth>w.clientWidth+1)wide.push(w.firstChild.classList[1]);});
+  d.setAttribute('data-wide-tables',wide.join(' '));}  // the tables scrolling inside their box
 measure();window.addEventListener('resize',measure);
 document.documentElement.setAttribute('data-ready','1');
 })();

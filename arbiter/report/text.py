@@ -15,11 +15,13 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Optional, Union
 
 from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
-                    distributed_entries, distributed_summary, estimates_text,
+                    distributed_entries, distributed_summary,
                     human_bytes as _bytes, kind_entries, kind_fell_back,
-                    kind_where, ops_text, plural, shapes_summary as _shapes, short_op as _short)
+                    kind_where, ops_text, partition_notes, plural, shapes_summary as _shapes,
+                    short_op as _short)
 
 from .accuracy import module_lines
+from .choice import choice_line, not_chosen_lines
 from .model import use_text_rendering
 
 if TYPE_CHECKING:
@@ -142,26 +144,11 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         row.append(ops_text(p.ops))
         t.rows.append(row)
     yield t
-    if g.chosen or g.candidates_ms or g.estimates_ms:
-        def spread(k):
-            q = g.candidates_spread_ms.get(k)
-            return f" [{q[0]:.3f}-{q[1]:.3f}]" if q else ""
-
-        cands = ", ".join(f"{k} {v:.3f} ms{spread(k)}" for k, v in g.candidates_ms.items()
-                          if v is not None)  # candidates not measured are left out
-        if g.measure_rounds:
-            cands += (f"; {g.measure_rounds} interleaved rounds, winner "
-                      + ("apart from the rest" if g.measure_confident
-                         else "not apart from the rest (a close call)"))
-        est = estimates_text(g.estimates_ms, g.candidates_ms)
-        yield Line(f"  policy {g.policy}" +
-                   (", timed against eager" if g.against_eager else "") +
-                   f": chose {g.chosen or '-'}" +
-                   (f" ({g.measure_broadcast})" if g.measure_broadcast else "") +
-                   (f"; measured: {cands}" if cands else "") +
-                   (f"; estimated: {est}" if est else ""))
-    for label, lines in g.candidate_fallbacks.items():
-        yield Line(f"  not chosen, fell back while timed: {label}: " + "; ".join(lines))
+    choice = choice_line(g)
+    if choice:
+        yield Line(f"  {choice}")
+    for line in not_chosen_lines(g):
+        yield Line(f"  {line}")
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]
@@ -175,24 +162,7 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         for line in module_lines(a):
             yield Line(line)
     for p in g.partitions:
-        notes = []
-        if p.copies or p.restride_copies:
-            notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")
-        if p.nonfinite_guard:
-            notes.append(f"inputs checked for NaN/inf ({', '.join(p.nonfinite_guard[:4])}"
-                         f"{', ...' if len(p.nonfinite_guard) > 4 else ''} differ there)"
-                         + (f", {plural(p.nonfinite_eager_calls, 'call')} ran in eager"
-                            if p.nonfinite_eager_calls else ""))
-        if p.quantized:
-            notes.append(f"quantized ({', '.join(p.quantized)}): {p.backend} runs the "
-                         "quantize/dequantize nodes with the layers they feed")
-        if p.verify_checks:
-            err = f", max error {p.verify_max_error:.2e}" if p.verify_max_error is not None else ""
-            notes.append(f"verified {p.verify_checks}x against eager{err}")
-        notes += [c.line() for c in p.first_use]
-        if p.measured_ms:
-            notes.append("measured " + ", ".join(f"{b} {ms:.3f} ms"
-                                                 for b, ms in p.measured_ms.items()))
+        notes = partition_notes(p)
         if notes:
             yield Line(f"  partition {p.id}: " + "; ".join(notes))
     for e in g.weight_events:
