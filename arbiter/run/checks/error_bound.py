@@ -54,12 +54,10 @@ def _picks(name: str) -> bool:
 
 
 def _numel(v: Any) -> Optional[int]:
-    if not isinstance(v, torch.Tensor):
+    """``v``'s element count; None for a non-tensor or a symbolic size (no guard added)."""
+    if not isinstance(v, torch.Tensor) or not all(type(d) is int for d in v.shape):
         return None
-    try:
-        return int(v.numel())
-    except Exception:  # noqa: BLE001 - symbolic sizes: unknown
-        return None
+    return math.prod(v.shape)
 
 
 def _tensors(v: Any) -> list:
@@ -76,7 +74,7 @@ def _flop_length(node: torch.fx.Node, outs: list) -> Optional[float]:
 
     packet = getattr(node.target, "overloadpacket", None)
     formula = flop_registry.get(packet)
-    if formula is None:
+    if formula is None or any(_numel(t) is None for t in outs):
         return None
     meta = lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a  # noqa: E731
     args = torch.fx.node.map_aggregate(node.args, lambda a: meta(a))
@@ -100,15 +98,14 @@ def _dims_length(node: torch.fx.Node, first: torch.Tensor) -> float:
         value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
         if arg.name == "dim" and value is not None:
             dims = value if isinstance(value, (list, tuple)) else [value]
-            try:
-                return float(math.prod(int(first.shape[d]) for d in dims)) or 1.0
-            except Exception:  # noqa: BLE001 - symbolic or odd dims: unknown
-                return 1.0
-        if arg.name == "normalized_shape" and value is not None:
-            try:
-                return float(math.prod(int(s) for s in value)) or 1.0
-            except Exception:  # noqa: BLE001
-                return 1.0
+            rank = first.dim()
+            sizes = [first.shape[d] for d in dims if type(d) is int and -rank <= d < rank]
+        elif arg.name == "normalized_shape" and value is not None:
+            sizes = list(value)
+        else:
+            continue
+        # a symbolic size is unknown: no guard is added by reading it
+        return float(math.prod(sizes)) if sizes and all(type(v) is int for v in sizes) else 1.0
     return 1.0
 
 
