@@ -4,10 +4,10 @@ A floating result computed in working precision (unit roundoff ``u``, half the d
 ``eps``) carries rounding error that depends on how it was computed: an elementwise op
 rounds once, a sum of ``K`` terms rounds ``K - 1`` times, and a chain of ops adds each
 step's error to what its inputs carried. Rounding errors of different terms are
-uncorrelated in practice, so they add like a random walk: a dot product's error is of
-order ``u * sqrt(K)`` times its terms' size, not the worst case ``u * K`` (Higham and
-Mary, "A New Approach to Probabilistic Rounding Error Analysis", SIAM J. Sci. Comput.
-2019). Along a chain, the roundings of each step add up the same way, so an output at the
+uncorrelated in practice, so they add like a random walk: a sum's error is typically of
+order ``u * sqrt(K)`` times the sum's size, far below the worst case ``u * K`` (Higham
+and Mary, "A New Approach to Probabilistic Rounding Error Analysis", SIAM J. Sci.
+Comput. 2019, prove the ``sqrt(K)`` growth with high probability). Along a chain, the roundings of each step add up the same way, so an output at the
 end of reductions of lengths ``K1, K2, ...`` carries an error of order
 ``u * sqrt(K1 + K2 + ...)`` relative to its scale.
 
@@ -33,8 +33,8 @@ from ...ops import is_getitem, op_name, output_values
 #: how many times ``eps * sqrt(K) * scale`` rounding is allowed: the random-walk estimate
 #: is an expectation, and a backend that reorders sums (blocked, tree or vectorized
 #: reductions, fused multiply-adds, another algorithm such as Winograd convolution) rounds
-#: differently from eager; measured ratios of backend error to ``eps * sqrt(K) * scale``
-#: stayed below 1 on the cases in docs/verify.md
+#: differently from eager (a float32 row sum of 8192 terms added sequentially: 0.11 of
+#: ``eps * sqrt(K) * scale``; tests/test_error_bound.py)
 ROUNDING_FACTOR = 4.0
 
 #: ops (names without namespace and overload, or their beginnings) whose output is
