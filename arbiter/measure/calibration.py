@@ -208,7 +208,7 @@ class Calibrations:
         for name, m in self.measured(measure).items():
             c = m.calibration(self._planner.backends[name].inline_aten)
             if c is not None:
-                ratios = self._feedback.ratios(name, m.taken or "") \
+                ratios = self._feedback.ratios(name, _identity(m)) \
                     if self._feedback is not None else []
                 out[name] = replace(c, observed=correction(ratios), observed_n=len(ratios))
         return out
@@ -229,7 +229,7 @@ class Calibrations:
         for backend, ratio in observations(candidates, only, predicted):
             m = self._got.get(backend)
             if m is not None:
-                self._feedback.observe(backend, m.taken or "", ratio)
+                self._feedback.observe(backend, _identity(m), ratio)
                 log.info("calibration of %s: a candidate measured %.2fx its prediction; "
                          "fed back", backend, ratio)
 
@@ -283,6 +283,15 @@ class Calibrations:
                 self._cache.put_json(KIND, keys[n], m.to_json())
             have[n] = m
         return have
+
+
+def _identity(m: Measured) -> str:
+    """Which calibration ``m`` is (feedback is tied to it): when it was taken and a hash
+    of what it measured (two taken within one second differ by their times)."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(m.to_json(), sort_keys=True, default=str).encode())
+    return f"{m.taken or ''}|{digest.hexdigest()[:16]}"
 
 
 def _measure_outside_compile(run: Any) -> Optional[dict]:

@@ -5,8 +5,8 @@ differs (fusion, layouts, an exporter's choices, the load of the moment): under 
 zoo's predictions were off by up to 200x. Every time a first call times a candidate that
 runs on one backend alone (``only X``, eager whole), the ratio of its measured time to its
 uncorrected prediction is kept for that backend, in memory and in the persistent cache
-(kind ``calibration-feedback``, keyed as the backend's calibration and tied to when that
-calibration was taken: a new calibration starts afresh), the last ``KEEP`` of them. Once a
+(kind ``calibration-feedback``, keyed as the backend's calibration and tied to that
+calibration, its time and what it measured: a new calibration starts afresh), the last ``KEEP`` of them. Once a
 backend has ``MIN_SEEN``, its predictions are multiplied by their geometric mean (within
 ``1/LIMIT`` to ``LIMIT``): predictions converge to what this machine measures. A pinned
 calibration file is used as it is, so plans from it stay reproducible.
@@ -29,7 +29,7 @@ MIN_SEEN = 2
 #: The correction stays within [1/LIMIT, LIMIT].
 LIMIT = 16.0
 
-_MEMO: dict[str, dict] = {}  # cache key -> {"taken": str, "ratios": [float]}
+_MEMO: dict[str, dict] = {}  # cache key -> {"calibration": str, "ratios": [float]}
 _LOCK = threading.Lock()
 
 
@@ -50,8 +50,9 @@ class Feedback:
         self._cache = cache
         self._keys = dict(keys)
 
-    def ratios(self, backend: str, taken: str) -> list[float]:
-        """The ratios kept for ``backend`` since its calibration ``taken``."""
+    def ratios(self, backend: str, calibration: str) -> list[float]:
+        """The ratios kept for ``backend`` under its calibration (``calibration``: which
+        one it is, its time and a hash of what it measured)."""
         key = self._keys.get(backend)
         if key is None:
             return []
@@ -62,17 +63,17 @@ class Feedback:
                 entry = raw if _valid(raw) else None
                 if entry is not None:
                     _MEMO[key] = entry
-        if entry is None or entry["taken"] != taken:
+        if entry is None or entry["calibration"] != calibration:
             return []
         return list(entry["ratios"])
 
-    def observe(self, backend: str, taken: str, ratio: float) -> None:
-        """Keep one more ratio for ``backend`` (calibration ``taken``)."""
+    def observe(self, backend: str, calibration: str, ratio: float) -> None:
+        """Keep one more ratio for ``backend`` under ``calibration``."""
         key = self._keys.get(backend)
         if key is None or not (math.isfinite(ratio) and ratio > 0):
             return
-        kept = self.ratios(backend, taken)[-(KEEP - 1):] + [ratio]
-        entry = {"taken": taken, "ratios": kept}
+        kept = self.ratios(backend, calibration)[-(KEEP - 1):] + [ratio]
+        entry = {"calibration": calibration, "ratios": kept}
         with _LOCK:
             _MEMO[key] = entry
         if self._cache is not None:
@@ -80,7 +81,7 @@ class Feedback:
 
 
 def _valid(raw: Any) -> bool:
-    return isinstance(raw, dict) and isinstance(raw.get("taken"), str) \
+    return isinstance(raw, dict) and isinstance(raw.get("calibration"), str) \
         and isinstance(raw.get("ratios"), list) and len(raw["ratios"]) <= KEEP \
         and all(isinstance(r, (int, float)) and math.isfinite(r) and r > 0
                 for r in raw["ratios"])
