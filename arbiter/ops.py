@@ -127,6 +127,13 @@ def is_dequantize(node: torch.fx.Node) -> bool:
             and node.target._opname.startswith("dequantize"))
 
 
+def is_quantize(node: torch.fx.Node) -> bool:
+    """Whether ``node`` quantizes (a quantization op that is not a dequantize): floats in,
+    integer codes out."""
+    return (node.op == "call_function" and is_quantization_op(op_name(node.target))
+            and not is_dequantize(node))
+
+
 # -- node and graph facts --------------------------------------------------------------
 def is_getitem(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is operator.getitem

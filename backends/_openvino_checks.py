@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from arbiter.ops import is_dequantize, is_quantization_op, op_name
+from arbiter.ops import is_dequantize, is_quantize
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
@@ -97,8 +97,7 @@ def _dequantize_of_quantized(node) -> Optional[str]:
     of constant weights (PT2E's int8 weights) the 2026.4 frontend handed the codes on
     undequantized ("MatMul ... i8" added to a float32 bias: conversion failed)."""
     codes = node.args[0] if node.args else None
-    if isinstance(codes, torch.fx.Node) and codes.op == "call_function" \
-            and is_quantization_op(op_name(codes.target)) and not is_dequantize(codes):
+    if isinstance(codes, torch.fx.Node) and is_quantize(codes):
         return None
     return ("a dequantize only of the quantize before it (OpenVINO makes the pair a "
             "FakeQuantize; of integer codes it read, weights included, it did not dequantize)")

@@ -20,8 +20,8 @@ from typing import Optional
 
 import torch.fx
 
-from ..ops import (DATA_MOVES, is_dequantize, is_getitem, is_quantization_op, op_name,
-                   packet_name)
+from ..ops import (DATA_MOVES, is_dequantize, is_getitem, is_quantization_op, is_quantize,
+                   op_name, packet_name)
 
 
 def _find(parent: list[int], i: int) -> int:
@@ -49,8 +49,7 @@ def dequantize_units(nodes: Sequence[torch.fx.Node], index: dict) -> list[list[i
             continue
         codes = n.args[0] if n.args else None
         j = index.get(codes)
-        if j is not None and is_quantization_op(op_name(codes.target)) \
-                and not is_dequantize(codes):
+        if j is not None and is_quantize(codes):
             union(i, j)
         todo = [n]
         while todo:  # the readers of its values, through ops that only move them

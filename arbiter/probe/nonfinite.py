@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..ops import is_dequantize, is_quantization_op, op_name, reads_floating
+from ..ops import is_quantize, op_name, reads_floating
 from ..run.checks.verify import compare
 from .sampling import quiet_warnings
 
@@ -110,9 +110,7 @@ _KIND_NAMES = {"nan": "NaN", "inf": "+-inf", "zero": "-0.0", "huge": "huge"}
 def _converts_float_to_int(gm: torch.fx.GraphModule) -> bool:
     """Whether ``gm`` casts floats to integers (a conversion, or a quantize op)."""
     for n in gm.graph.nodes:
-        if n.op == "call_function" and is_quantization_op(op_name(n.target)) \
-                and not is_dequantize(n) \
-                and reads_floating(n):
+        if is_quantize(n) and reads_floating(n):
             return True
         val = n.meta.get("val")
         if isinstance(n.target, torch._ops.OpOverload) and isinstance(val, torch.Tensor) \

@@ -23,14 +23,9 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ...ops import is_dequantize, is_quantization_op, op_name
+from ...ops import is_quantization_op, is_quantize, op_name
 from .reference import judge_against_float64
 from .verify import Comparison, compare, dtype_name, tolerance
-
-
-def _is_quantize(node: torch.fx.Node) -> bool:
-    return (node.op == "call_function" and is_quantization_op(op_name(node.target))
-            and not is_dequantize(node))
 
 
 def _activation_scale(node: torch.fx.Node) -> Optional[float]:
@@ -56,7 +51,7 @@ def output_steps(gm: torch.fx.GraphModule) -> Optional[list[Optional[float]]]:
     if not quantized:
         return None
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
-    return [None if not isinstance(a, torch.fx.Node) else 1.0 if _is_quantize(a) else step[a]
+    return [None if not isinstance(a, torch.fx.Node) else 1.0 if is_quantize(a) else step[a]
             for a in (out if isinstance(out, (list, tuple)) else [out])]
 
 
