@@ -204,13 +204,22 @@ class Calibrations:
     def get(self, measure: bool = True) -> dict[str, BackendCalibration]:
         """The prediction's view of ``measured``: backend -> calibration (a backend
         without its per-call cell is left out: the static table prices it)."""
+        measured = self.measured(measure)
         out = {}
-        for name, m in self.measured(measure).items():
+        for name, c in self._uncorrected(measured).items():
+            ratios = self._feedback.ratios(name, _identity(measured[name])) \
+                if self._feedback is not None else []
+            out[name] = replace(c, observed=correction(ratios), observed_n=len(ratios))
+        return out
+
+    def _uncorrected(self, measured: dict[str, Measured]) -> dict[str, BackendCalibration]:
+        """Each backend's calibration as measured (no feedback), those with a per-call
+        cell."""
+        out = {}
+        for name, m in measured.items():
             c = m.calibration(self._planner.backends[name].inline_aten)
             if c is not None:
-                ratios = self._feedback.ratios(name, _identity(m)) \
-                    if self._feedback is not None else []
-                out[name] = replace(c, observed=correction(ratios), observed_n=len(ratios))
+                out[name] = c
         return out
 
     def observe(self, candidates: Any, only: str) -> None:
@@ -219,8 +228,7 @@ class Calibrations:
         pinned calibration file."""
         if self._feedback is None or self._got is None:
             return
-        raw = {n: c for n, m in self._got.items()
-               if (c := m.calibration(self._planner.backends[n].inline_aten)) is not None}
+        raw = self._uncorrected(self._got)
 
         def predicted(plan: Any) -> Optional[float]:
             got = predict(plan, self._planner.inline, raw)
