@@ -13,6 +13,7 @@ ShapeEnv while compiling are checked per call by ``arbiter.run.dynamic``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Literal, Optional, Union
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from arbiter.backend import Backend, bounded_threads
 from arbiter.errors import require_known, unknown_name
-from arbiter.ops import DECLARED_NAMESPACES, nonfinite_validators
+from arbiter.ops import DECLARED_NAMESPACES, is_dequantize, nonfinite_validators
 from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -53,6 +54,12 @@ class InductorOptions(BaseModel):
         "`cpp.cxx`, `global_cache_dir`, `cpp.march`...) or code, and Inductor's private and "
         "testing keys, are refused unless listed in `trusted_options`: a config that sets "
         "`cpp.cxx` runs that program")
+    freeze_quantized: StrictBool = Field(
+        True, description="compile a partition holding int8 weights (a PT2E model's "
+        "dequantize of a constant) with Inductor's freezing passes "
+        "(`torch._inductor.config.freezing`, the PT2E X86 recipe), which lower the "
+        "dequantize and the convolution or linear it feeds to oneDNN's int8 kernels; "
+        "false: they run as float compute")
     autocast: Optional[Literal["bf16", "f16"]] = Field(
         None, description="compile the partition as PyTorch's autocast would run it "
         "(matmuls, convolutions, attention in bfloat16 or float16; outputs cast back to "
@@ -230,7 +237,13 @@ class Inductor(ExactNonfinite, Backend):
             # The OpenMP thread count is baked into the generated C++ kernels at compile
             # time (cpp.threads; -1 would read torch.get_num_threads() then).
             patches.setdefault("cpp.threads", self._threads)
+        if self.options.freeze_quantized and int8_weights(gm):
+            patches.setdefault("freezing", True)
         context = _cacheable_context(gm)
+        if patches.get("freezing"):
+            # Inductor freezes only what it compiles without grad; its oneDNN int8
+            # lowering warns about its own torch.tensor() copy, nothing the user did
+            context = _frozen(context)
         if context is not None:
             try:
                 with inductor_config.patch(patches), context:
@@ -242,7 +255,8 @@ class Inductor(ExactNonfinite, Backend):
                 log.info("inductor: compile inside a tracing context failed (%s: %s); "
                          "compiling without it (Inductor's FX graph cache is bypassed)",
                          type(exc).__name__, str(exc)[:200])
-        with inductor_config.patch(patches):
+        with inductor_config.patch(patches), \
+                (_frozen(None) if patches.get("freezing") else contextlib.nullcontext()):
             return compile_fx(gm, example)
 
     # -- saved programs (docs/deploy.md; backends/_inductor_artifact.py) ---------------
@@ -403,3 +417,27 @@ def _cacheable_context(gm: torch.fx.GraphModule):
     if fake_mode is None or fake_mode.shape_env is None:
         return None  # nothing to key on: Inductor bypasses its cache
     return tracing(TracingContext(fake_mode))
+
+
+def int8_weights(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` dequantizes a constant it holds (``get_attr``): a PT2E model's int8
+    weight, which Inductor's freezing passes fold into an int8 kernel."""
+    return any(n.op == "call_function" and is_dequantize(n) and n.args
+               and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"
+               for n in gm.graph.nodes)
+
+
+@contextlib.contextmanager
+def _frozen(context):
+    """``context`` (or nothing) under ``torch.no_grad``, with the UserWarning Inductor's
+    oneDNN int8 lowering gives for its own ``torch.tensor(tensor)`` silenced."""
+    import warnings
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=r"To copy construct from a tensor",
+                                category=UserWarning, module=r"torch\._inductor\..*")
+        if context is not None:
+            stack.enter_context(context)
+        yield

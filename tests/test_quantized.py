@@ -282,3 +282,96 @@ def test_the_manifests_hold_the_probed_quantize_ops(backend):
         entry = manifest.entry(f"quantized_decomposed.{op}.default")
         assert entry is not None and entry.verified == "probed", (backend, op)
         assert {str(d).removeprefix("torch.") for d in entry.probed_dtypes} >= dtypes
+
+
+# -- the int8 paths: Inductor's freezing, a plan that runs the units timed ------------------
+@pytest.mark.parametrize("freeze", [True, False])
+def test_inductor_folds_int8_weights_into_its_int8_kernels(fresh_dynamo, pt2e_models, freeze):
+    """Option ``freeze_quantized`` (on by default): a partition that dequantizes its int8
+    weights is compiled with Inductor's freezing passes, which pack them for oneDNN's int8
+    convolution (counted by Inductor's pattern matcher); off, they stay float compute."""
+    from torch._dynamo.utils import counters
+
+    converted, x = pt2e_models["cnn"]
+    counters.clear()
+    be = arbiter.Arbiter({"backends": [{"name": "inductor",
+                                        "options": {"freeze_quantized": freeze}}],
+                          "against_eager": "off"})
+    with torch.no_grad():
+        out = torch.compile(converted, backend=be)(x)
+        expected = converted(x)
+    packed = counters["inductor"]["qconv_weight_prepack_matcher_count"]
+    assert (packed == 2) if freeze else (packed == 0), dict(counters["inductor"])
+    assert be.report().graphs[0].partitions[0].backend == "inductor"
+    torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
+
+
+def test_a_plan_running_more_int8_units_is_timed(make_backend):
+    """The calibration has no int8 cells: a predicted best that leaves quantize/dequantize
+    nodes in eager is timed against the candidate that runs the most of them on a backend
+    (plan/quantized.runs_more_quantized)."""
+    from types import SimpleNamespace
+
+    from arbiter.plan.quantized import in_eager, runs_more_quantized
+
+    make_backend("qa", ["quantized_decomposed.quantize_per_tensor.default",
+                        "quantized_decomposed.dequantize_per_tensor.default",
+                        "quantized_decomposed.dequantize_per_channel.default",
+                        "aten.addmm.default", "aten.t.default"], dtypes=QDTYPES)
+    make_backend("qb", ["aten.addmm.default", "aten.t.default"], dtypes=QDTYPES)
+    gm = _qdq_linear_graph()
+    units = SimpleNamespace(plan=arbiter.partition(gm, {"backends": ["qa"],
+                                                        "min_block_size": 1}),
+                            estimate_ms=2.0)
+    floats = SimpleNamespace(plan=arbiter.partition(gm, {"backends": ["qb"],
+                                                         "min_block_size": 1}),
+                             estimate_ms=1.0)
+    assert in_eager(units.plan, {"eager"}) == 0
+    assert in_eager(floats.plan, {"eager"}) == 3
+    assert runs_more_quantized(floats, [units], {"eager"}) is units
+    assert runs_more_quantized(units, [floats], {"eager"}) is None
+
+
+def test_the_warning_says_when_eager_was_timed_faster():
+    from types import SimpleNamespace
+
+    from arbiter.plan.policy import PolicyOutcome
+    from arbiter.report.from_record import _eager_timed_faster
+
+    eager = {"eager": SimpleNamespace(inline_aten=True),
+             "onnxruntime": SimpleNamespace(inline_aten=False)}
+    timed = SimpleNamespace(outcome=PolicyOutcome(
+        policy="calibrated", chosen="only eager",
+        candidates_ms={"only eager": 1.95, "only onnxruntime": 2.98, "priority": None}))
+    assert _eager_timed_faster(timed, eager) == \
+        "1.95 ms against 2.98 ms for only onnxruntime"
+    predicted = SimpleNamespace(outcome=PolicyOutcome(policy="calibrated",
+                                                      chosen="only onnxruntime"))
+    assert _eager_timed_faster(predicted, eager) == ""
+
+
+# -- saved programs ---------------------------------------------------------------------------
+def test_a_quantized_program_saves_and_loads_its_qdq_model(pt2e_models, tmp_path):
+    """``arbiter.export`` takes convert_pt2e's GraphModule (which says training=True and
+    refuses .eval()); the saved ONNX is the QDQ model ONNX Runtime fuses, and the loaded
+    program (quantized_decomposed ops allowed in program.json) gives the same numbers."""
+    pytest.importorskip("onnxruntime")
+    import zipfile
+
+    import onnx
+
+    converted, x = pt2e_models["mlp"]
+    with torch.no_grad():
+        program = arbiter.export(converted, (x,), config={"backends": ["onnxruntime"],
+                                                          "against_eager": "off"})
+        got = program(x)
+        program.save(tmp_path / "mlp.arbiter")
+        loaded = arbiter.load(tmp_path / "mlp.arbiter")
+        torch.testing.assert_close(loaded(x), got, rtol=0, atol=0)
+        torch.testing.assert_close(got, converted(x), rtol=0, atol=_last_step(converted))
+    names = zipfile.ZipFile(tmp_path / "mlp.arbiter").namelist()
+    model = onnx.load_from_string(zipfile.ZipFile(tmp_path / "mlp.arbiter").read(
+        next(n for n in names if n.endswith(".onnx"))))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops, ops
+    assert loaded.report().graphs[0].partitions[0].quantized == ["int8", "uint8"]

@@ -6,7 +6,8 @@ and constants). So the program's graph is written by torch's own serializer
 safetensors, and reading hands both to torch's deserializer as dicts. That deserializer
 still trusts the JSON's node targets (any attribute path under ``torch``, ``operator``
 or ``math``) and size expressions (``sympy.sympify`` evaluates Python), so ``check``
-first refuses any target outside ATen/prims ops and symbolic size arithmetic, any size
+first refuses any target outside ATen/prims ops, the quantize/dequantize ops of PT2E
+(``quantized_decomposed``: a model the user quantized) and symbolic size arithmetic, any size
 expression with other than sympy's number, symbol and arithmetic constructors, and any
 higher-order op or script object; node metadata and guard code are dropped unread.
 Afterwards every node's target is checked again. docs/deploy.md ("no code from the
@@ -22,8 +23,11 @@ from typing import Any
 import torch
 
 from ..errors import ArbiterError
+from ..ops import register_namespaces
 
-_TARGET = re.compile(r"^torch\.ops\.(aten|prims)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+#: the op namespaces a saved program may call
+NAMESPACES = ("aten", "prims", "quantized_decomposed")
+_TARGET = re.compile(r"^torch\.ops\.(aten|prims|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
 #: size arithmetic (symbolic graphs): python callables torch's serializer writes by name
 _PY_TARGETS = {
     **{f"_operator.{n}": getattr(operator, n) for n in (
@@ -90,7 +94,7 @@ def from_bytes(program: bytes, tensors: dict[str, torch.Tensor], where: str) -> 
     for n in ep.graph.nodes:
         if n.op == "call_function" and not _allowed(n.target):
             raise ArbiterError(f"{where}: node {n.name} calls {n.target!r}, which is "
-                               "not an ATen or prims op")
+                               f"not an op of {', '.join(NAMESPACES)}")
         if n.op in ("call_module", "call_method"):
             raise ArbiterError(f"{where}: node {n.name} is a {n.op}")
     return ep
@@ -98,7 +102,7 @@ def from_bytes(program: bytes, tensors: dict[str, torch.Tensor], where: str) -> 
 
 def _allowed(target: Any) -> bool:
     if isinstance(target, torch._ops.OpOverload):
-        return target.namespace in ("aten", "prims")
+        return target.namespace in NAMESPACES
     return any(target is f for f in _PY_TARGETS.values())
 
 
@@ -117,7 +121,10 @@ def check(data: Any, where: str) -> None:
         target = node.get("target") if isinstance(node, dict) else None
         if not isinstance(target, str) or not (_TARGET.match(target) or target in _PY_TARGETS):
             raise ArbiterError(f"{where}: a node calls {target!r}; a saved program may call "
-                               "ATen and prims ops and size arithmetic only")
+                               "ATen, prims and quantized_decomposed ops and size "
+                               "arithmetic only")
+        if target.startswith("torch.ops.quantized_decomposed."):
+            register_namespaces()  # torch registers those ops when their module is imported
         node["metadata"] = {}
     _walk(data, where)
 

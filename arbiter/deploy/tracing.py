@@ -35,7 +35,12 @@ def trace(model: Any, args: tuple, kwargs: Optional[dict], dynamic_shapes: Any,
           config_decompositions: list[str]):
     """The decomposed ExportedProgram of ``model`` (see the module); ArbiterError for a
     model in training mode or one that writes its buffers."""
-    if isinstance(model, torch.nn.Module) and model.training:
+    if (isinstance(model, torch.nn.Module) and model.training
+            and not isinstance(model, torch.fx.GraphModule)):
+        # a GraphModule's mode is not its graph's: the ops were fixed when it was traced
+        # (a PT2E model from convert_pt2e reports training=True even after torchao's
+        # move_exported_model_to_eval, and refuses .eval()); a batch-statistics update it
+        # holds is a buffer write, refused below
         raise ArbiterError("arbiter.export is for inference: call model.eval() first (a "
                            "module in training mode would export its dropout and batch "
                            "statistics updates)")

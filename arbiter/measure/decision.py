@@ -7,7 +7,7 @@ candidate's measured time, for the report. On disk and on the wire it is JSON
 (``to_json``, ``from_json``): an entry of another shape is no decision.
 ``DecisionCache.for_graph`` keys it by the graph, its real input shapes and dtypes, its
 frozen weights' shapes, dtypes and strides (not their bytes: docs/cache.md says why),
-the planner's ``decision_parts`` and ``measure.mix_max_segments`` when mixing is on.
+the planner's ``decision_parts``, the policies' ``TIMED`` rules and ``measure.mix_max_segments`` when mixing is on.
 Under torch.distributed (``process_group``, ``send``, ``receive``) rank 0 alone decides
 and broadcasts; the others install its decision untimed (docs/policies.md, "`measure`").
 """
@@ -21,7 +21,7 @@ import torch.fx
 
 from ..cache import Cache, fingerprint
 from ..plan.planner import Planner
-from ..plan.policy import Candidate
+from ..plan.policy import TIMED, Candidate
 
 #: The cache's kind of entry for decisions.
 KIND = "decision"
@@ -81,7 +81,9 @@ class DecisionCache:
         cache."""
         if cache is None:
             return None
-        parts = {**planner.decision_parts(), "weights": "shapes only"}
+        # TIMED: the rules of what a policy times; a decision made under older ones (a
+        # PT2E CNN's, made before its int8 candidate was timed) is made again
+        parts = {**planner.decision_parts(), "weights": "shapes only", "timed": TIMED}
         if getattr(options, "mix", False):
             # mixing adds a candidate: a decision made without it is made again
             parts = {**parts, "mix": options.mix_max_segments}

@@ -29,6 +29,7 @@ from .evidence import is_compute
 from .partition import Plan
 from .planner import Planner
 from .predict import predict, predict_compile_s
+from .quantized import runs_more_quantized
 from .segments import SegmentTimes
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,10 @@ CLOSE_MARGIN = 0.25
 #: one compile, and Inductor's 14 s on BERT-base, timed beside OpenVINO's 1 s, was most of
 #: its first call there. Training graphs time the runner-up whatever it costs.
 COMPILE_SHARE = 2.0
+#: The revision of the rules above and below on what a policy times (part of the decision
+#: cache's key): 2 adds a quantized graph's plan that runs more of its int8 units
+#: (``quantized.runs_more_quantized``)
+TIMED = 2
 COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
 #: predicted slower than this many times the best prediction is not compiled and timed.
@@ -420,6 +425,9 @@ class Calibrated(Policy):
         runner = _affordable(planner, best, close) if graph.kind == "inference" \
             else (close[0] if close else None)
         simple = _simpler(planner, best, rest, graph)
+        int8 = runs_more_quantized(best, rest, planner.inline)
+        if int8 is not None and int8 is not runner:
+            simple.append(int8)
         if runner is None and not simple:
             return base
         timed = [best]

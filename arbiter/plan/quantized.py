@@ -79,3 +79,27 @@ def shared_candidates(members: Sequence[int], allowed: Sequence[Optional[list]],
                  and packet_name(op_name(nodes[i].target)) not in DATA_MOVES), members[0])
     common = set(lists[0]).intersection(*lists[1:])
     return [b for b in allowed[lead] if b in common]
+
+
+def in_eager(plan, inline: set[str]) -> int:
+    """The quantize/dequantize nodes ``plan`` (a ``partition.Plan``) runs in a backend of
+    ``inline`` (eager ATen): the int8 layers it leaves as float compute."""
+    return sum(1 for p in plan.partitions if p.backend in inline
+               for n in p.nodes if n.op == "call_function"
+               and is_quantization_op(op_name(n.target)))
+
+
+def runs_more_quantized(best, rest: Sequence, inline: set[str]) -> Optional[object]:
+    """Of ``rest`` (policy candidates: ``.plan``, ``.estimate_ms``), the one that leaves
+    the fewest quantize/dequantize nodes in eager, when that is fewer than ``best`` leaves
+    (the lowest estimate among equals); None when ``best`` leaves none or no other leaves
+    fewer. The calibration has no int8 cells: its prediction for a quantized unit is its
+    float ops' time, so a plan that runs the units on a backend is timed, not ruled out
+    by that prediction (a PT2E CNN went to "openvino alone", which takes none of its
+    units: all of it ran in eager, twice the time of ONNX Runtime's int8 plan)."""
+    left = in_eager(best.plan, inline)
+    if not left:
+        return None
+    scored = [(in_eager(c.plan, inline), c.estimate_ms, i) for i, c in enumerate(rest)]
+    better = [s for s in scored if s[0] < left]
+    return rest[min(better)[2]] if better else None

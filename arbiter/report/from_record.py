@@ -16,6 +16,7 @@ import torch.fx
 
 from ..ops import is_getitem, is_quantization_op, op_name, tensors_in
 from ..plan.partition import Partition, Plan
+from ..plan.policy import ONLY
 from ..plan.rules import names
 from ..backend import Backend
 from ..run.record import GraphRecord
@@ -492,6 +493,24 @@ def quantization_warning(g: GraphRecord, backends: Mapping[str, Backend]) -> Opt
     if not found:
         return None
     ops = ", ".join(f"{op} x{n}" for op, n in found.most_common(3))
+    timed = _eager_timed_faster(g, backends)
+    cause = (f"eager was measured faster on the first call ({timed})" if timed else
+             f"no configured backend takes them{f' ({why})' if why else ''}")
     return (f"{sum(found.values())} quantize/dequantize nodes of this quantized model run in "
-            f"eager ({ops}{', ...' if len(found) > 3 else ''}): no configured backend takes "
-            f"them{f' ({why})' if why else ''}, so the model's int8 compute is not what runs")
+            f"eager ({ops}{', ...' if len(found) > 3 else ''}): {cause}, so the model's "
+            "int8 compute is not what runs")
+
+
+def _eager_timed_faster(g: GraphRecord, backends: Mapping[str, Backend]) -> str:
+    """"E ms against P ms for <the fastest other candidate>" when ``g``'s policy timed
+    its candidates and the one that runs ATen in place (eager whole) won; "" otherwise."""
+    out = g.outcome
+    eager = out.chosen.removeprefix(ONLY)
+    if not (out.chosen.startswith(ONLY) and eager in backends and backends[eager].inline_aten):
+        return ""
+    times = {k: v for k, v in out.candidates_ms.items() if v is not None}
+    others = {k: v for k, v in times.items() if k != out.chosen}
+    if out.chosen not in times or not others:
+        return ""
+    best = min(others, key=others.get)
+    return f"{times[out.chosen]:.2f} ms against {others[best]:.2f} ms for {best}"
