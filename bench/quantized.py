@@ -12,7 +12,7 @@ calibration batches), run by what a user would pick, interleaved in one process:
   arbiter:default / arbiter:cpu_all   the shipped configs
 
 Models (random weights): cnn (conv-relu x2, pool, linear; 8x3x32x32), mlp (256-512-512-10;
-32x256), resnet50 (torchvision; 1x3x224x224), bert (transformers' BertModel, base size:
+32x256), resnet50 (transformers' ResNet-50; 1x3x224x224), bert (transformers' BertModel, base size:
 12 layers, hidden 768; 1x128 tokens).
 
 Each model runs in its own process with empty arbiter and Inductor caches (pin the
@@ -68,15 +68,17 @@ def build(name: str):
     if name == "mlp":
         return (nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                               nn.Linear(512, 10)), torch.randn(32, 256))
-    if name == "resnet50":
-        import torchvision
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from arbiter.cli.examples import _HFOutput
 
-        return torchvision.models.resnet50(), torch.randn(1, 3, 224, 224)
+    if name == "resnet50":
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        # transformers' default ResNetConfig is ResNet-50 (bottleneck 3-4-6-3, 1000 labels)
+        return (_HFOutput(ResNetForImageClassification(ResNetConfig()), "pixel_values",
+                          "logits"), torch.randn(1, 3, 224, 224))
     if name == "bert":
         from transformers import BertConfig, BertModel
-
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-        from arbiter.cli.examples import _HFOutput
 
         model = _HFOutput(BertModel(BertConfig(), add_pooling_layer=False), "input_ids",
                           "last_hidden_state")

@@ -1,12 +1,13 @@
 """The placement gate's models and what it records of their plans.
 
 For each small model of the zoo's families (BERT, GPT-2, T5 encoder, ViT, ResNet,
-DistilBERT: transformers configs, seeded random weights) and an ``nn.TransformerEncoder``,
-in inference with static shapes, inference with symbolic shapes (``dynamic=True``) and one
-training step, under the shipped ``default`` and ``cpu_all`` configs: the plan
-(``arbiter.explain``: traced by Dynamo and AOTAutograd, planned, nothing compiled), per
-graph kind, as the number of partitions and the compute nodes each backend holds.
-Compute nodes are ATen and prims ops; size arithmetic on symbolic ints
+DistilBERT: transformers configs, seeded random weights), an ``nn.TransformerEncoder`` and
+a CNN quantized with PyTorch's PT2E flow (static inference only): in inference with
+static shapes, inference with symbolic shapes (``dynamic=True``) and one training step,
+under the shipped ``default`` and ``cpu_all`` configs, the plan (``arbiter.explain``:
+traced by Dynamo and AOTAutograd, planned, nothing compiled), per graph kind, as the
+number of partitions and the compute nodes each backend holds. Compute nodes are ATen
+and prims ops and PT2E's quantize/dequantize ops; size arithmetic on symbolic ints
 (``operator.mul``, ``sym_size``) is not counted.
 
 tests/test_placement_gate.py compares these with tests/placement_expected.json. A change
@@ -96,10 +97,32 @@ def _transformer_encoder():
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False), "features"
 
 
+def _pt2e_cnn():
+    """A small CNN (conv-relu x2, pool, linear) through PyTorch's own int8 flow: torchao's
+    prepare_pt2e / convert_pt2e with X86InductorQuantizer, calibrated on two batches."""
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).eval()
+    x = _input("image", 16)
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(torch.export.export(model, (x,)).module(), quantizer)
+    for seed in (1, 2):
+        prepared(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)))
+    return convert_pt2e(prepared), "image"
+
+
 MODELS: dict[str, Callable] = {
     "bert": _bert, "gpt2": _gpt2, "t5_encoder": _t5_encoder, "distilbert": _distilbert,
     "vit": _vit, "resnet": _resnet, "transformer_encoder": _transformer_encoder,
+    "pt2e_cnn": _pt2e_cnn,
 }
+#: models planned in fewer modes than MODES: a converted PT2E model is for inference at
+#: the shapes it was exported with
+ONLY_MODES = {"pt2e_cnn": ("static",)}
 
 
 def _input(kind: str, size: int) -> torch.Tensor:
@@ -120,13 +143,14 @@ def plans(model_name: str, mode: str, config: str) -> dict:
     x = _input(kind, 16)
     torch._dynamo.reset()
     if mode == "training":
-        model.train()
+        model.train()  # (not called for ONLY_MODES' inference-only models)
         for m in model.modules():  # dropout's masks are planned like any op; p 0 keeps
             if isinstance(m, nn.Dropout):  # the plan free of random-mask cuts per size
                 m.p = 0.0
         report = arbiter.explain(model, x, config=config, breaks=False)
     else:
-        model.eval()
+        if not isinstance(model, torch.fx.GraphModule):  # convert_pt2e's refuses .eval()
+            model.eval()
         with torch.no_grad():
             report = arbiter.explain(model, x, config=config, backward=False, breaks=False,
                                      dynamic=mode == "symbolic")
@@ -144,13 +168,15 @@ def plans(model_name: str, mode: str, config: str) -> dict:
 
 
 def _compute(op: str) -> bool:
-    """Whether a node of ``op`` computes tensors (ATen and prims ops); size arithmetic
-    (``_operator.mul``, ``aten.sym_size``) does not."""
-    return op.split(".", 1)[0] in ("aten", "prims") and not op.startswith("aten.sym_")
+    """Whether a node of ``op`` computes tensors (ATen, prims and quantize/dequantize
+    ops); size arithmetic (``_operator.mul``, ``aten.sym_size``) does not."""
+    return (op.split(".", 1)[0] in ("aten", "prims", "quantized_decomposed")
+            and not op.startswith("aten.sym_"))
 
 
 def cases() -> list[tuple[str, str, str]]:
-    return [(m, mode, c) for m in MODELS for mode in MODES for c in CONFIGS]
+    return [(m, mode, c) for m in MODELS for mode in ONLY_MODES.get(m, MODES)
+            for c in CONFIGS]
 
 
 def key(model: str, mode: str, config: str) -> str:

@@ -306,30 +306,36 @@ def test_inductor_folds_int8_weights_into_its_int8_kernels(fresh_dynamo, pt2e_mo
     torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
 
 
-def test_a_plan_running_more_int8_units_is_timed(make_backend):
-    """The calibration has no int8 cells: a predicted best that leaves quantize/dequantize
-    nodes in eager is timed against the candidate that runs the most of them on a backend
-    (plan/quantized.runs_more_quantized)."""
+def test_plans_running_int8_units_are_timed(make_backend):
+    """The calibration has no int8 cells: in a quantized graph every candidate that runs
+    int8 units on a backend, leaving no more of them in eager than the predicted best,
+    is timed beside it (plan/quantized.int8_rivals); one that runs none is not."""
     from types import SimpleNamespace
 
-    from arbiter.plan.quantized import in_eager, runs_more_quantized
+    from arbiter.plan.quantized import in_eager, int8_rivals
 
-    make_backend("qa", ["quantized_decomposed.quantize_per_tensor.default",
-                        "quantized_decomposed.dequantize_per_tensor.default",
-                        "quantized_decomposed.dequantize_per_channel.default",
-                        "aten.addmm.default", "aten.t.default"], dtypes=QDTYPES)
+    qdq = ["quantized_decomposed.quantize_per_tensor.default",
+           "quantized_decomposed.dequantize_per_tensor.default",
+           "quantized_decomposed.dequantize_per_channel.default",
+           "aten.addmm.default", "aten.t.default"]
+    make_backend("qa", qdq, dtypes=QDTYPES)
+    make_backend("qc", qdq, dtypes=QDTYPES)
     make_backend("qb", ["aten.addmm.default", "aten.t.default"], dtypes=QDTYPES)
     gm = _qdq_linear_graph()
-    units = SimpleNamespace(plan=arbiter.partition(gm, {"backends": ["qa"],
-                                                        "min_block_size": 1}),
-                            estimate_ms=2.0)
-    floats = SimpleNamespace(plan=arbiter.partition(gm, {"backends": ["qb"],
-                                                         "min_block_size": 1}),
-                             estimate_ms=1.0)
-    assert in_eager(units.plan, {"eager"}) == 0
-    assert in_eager(floats.plan, {"eager"}) == 3
-    assert runs_more_quantized(floats, [units], {"eager"}) is units
-    assert runs_more_quantized(units, [floats], {"eager"}) is None
+
+    def cand(backend, ms):
+        return SimpleNamespace(plan=arbiter.partition(gm, {"backends": [backend],
+                                                           "min_block_size": 1}),
+                               estimate_ms=ms)
+
+    qa, qc, floats = cand("qa", 2.0), cand("qc", 3.0), cand("qb", 1.0)
+    assert in_eager(qa.plan, {"eager"}) == (0, 3)
+    assert in_eager(floats.plan, {"eager"}) == (3, 3)
+    assert int8_rivals(floats, [qc, qa], {"eager"}) == [qa, qc]
+    assert int8_rivals(qa, [floats, qc], {"eager"}) == [qc]
+    plain = make_fx(lambda t: t * 2.0, tracing_mode="fake")(torch.randn(4))
+    assert int8_rivals(SimpleNamespace(plan=arbiter.partition(plain, {"backends": ["qa"]})),
+                       [qa], {"eager"}) == []
 
 
 def test_the_warning_says_when_eager_was_timed_faster():

@@ -29,7 +29,7 @@ from .evidence import is_compute
 from .partition import Plan
 from .planner import Planner
 from .predict import predict, predict_compile_s
-from .quantized import runs_more_quantized
+from .quantized import int8_rivals
 from .segments import SegmentTimes
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ CLOSE_MARGIN = 0.25
 #: its first call there. Training graphs time the runner-up whatever it costs.
 COMPILE_SHARE = 2.0
 #: The revision of the rules above and below on what a policy times (part of the decision
-#: cache's key): 2 adds a quantized graph's plan that runs more of its int8 units
-#: (``quantized.runs_more_quantized``)
+#: cache's key): 2 adds a quantized graph's plans that run its int8 units
+#: (``quantized.int8_rivals``)
 TIMED = 2
 COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
@@ -425,9 +425,8 @@ class Calibrated(Policy):
         runner = _affordable(planner, best, close) if graph.kind == "inference" \
             else (close[0] if close else None)
         simple = _simpler(planner, best, rest, graph)
-        int8 = runs_more_quantized(best, rest, planner.inline)
-        if int8 is not None and int8 is not runner:
-            simple.append(int8)
+        simple += [c for c in int8_rivals(best, rest, planner.inline)
+                   if c is not runner and c not in simple]
         if runner is None and not simple:
             return base
         timed = [best]

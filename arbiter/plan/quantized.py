@@ -81,25 +81,34 @@ def shared_candidates(members: Sequence[int], allowed: Sequence[Optional[list]],
     return [b for b in allowed[lead] if b in common]
 
 
-def in_eager(plan, inline: set[str]) -> int:
-    """The quantize/dequantize nodes ``plan`` (a ``partition.Plan``) runs in a backend of
-    ``inline`` (eager ATen): the int8 layers it leaves as float compute."""
-    return sum(1 for p in plan.partitions if p.backend in inline
-               for n in p.nodes if n.op == "call_function"
-               and is_quantization_op(op_name(n.target)))
+
+def in_eager(plan, inline: set[str]) -> tuple[int, int]:
+    """(the quantize/dequantize nodes ``plan`` (a ``partition.Plan``) runs in a backend of
+    ``inline`` (eager ATen), all of them): the int8 layers it leaves as float compute."""
+    left = total = 0
+    for p in plan.partitions:
+        for n in p.nodes:
+            if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+                total += 1
+                left += p.backend in inline
+    return left, total
 
 
-def runs_more_quantized(best, rest: Sequence, inline: set[str]) -> Optional[object]:
-    """Of ``rest`` (policy candidates: ``.plan``, ``.estimate_ms``), the one that leaves
-    the fewest quantize/dequantize nodes in eager, when that is fewer than ``best`` leaves
-    (the lowest estimate among equals); None when ``best`` leaves none or no other leaves
-    fewer. The calibration has no int8 cells: its prediction for a quantized unit is its
-    float ops' time, so a plan that runs the units on a backend is timed, not ruled out
-    by that prediction (a PT2E CNN went to "openvino alone", which takes none of its
-    units: all of it ran in eager, twice the time of ONNX Runtime's int8 plan)."""
-    left = in_eager(best.plan, inline)
-    if not left:
-        return None
-    scored = [(in_eager(c.plan, inline), c.estimate_ms, i) for i, c in enumerate(rest)]
-    better = [s for s in scored if s[0] < left]
-    return rest[min(better)[2]] if better else None
+def int8_rivals(best, rest: Sequence, inline: set[str]) -> list:
+    """Of ``rest`` (policy candidates: ``.plan``, ``.estimate_ms``), those to time beside
+    ``best`` in a quantized graph: each that runs some of its quantize/dequantize nodes on
+    a backend and leaves no more of them in eager than ``best`` does (fewest left first,
+    then by estimate). The calibration has no int8 cells: its prediction for a quantized
+    unit is its float ops' time, which ranks neither an int8 kernel nor a float
+    dequantize each call. A PT2E CNN went to "openvino alone", which takes none of its
+    units (all of it ran in eager, twice ONNX Runtime's time), and then to ONNX Runtime,
+    whose last convolution stays float, at 3x Inductor's int8 kernels."""
+    left, total = in_eager(best.plan, inline)
+    if not total:
+        return []
+    scored = []
+    for i, c in enumerate(rest):
+        c_left, _ = in_eager(c.plan, inline)
+        if c_left < total and c_left <= left:
+            scored.append((c_left, c.estimate_ms, i))
+    return [rest[i] for *_, i in sorted(scored)]
