@@ -75,8 +75,8 @@ def build(name: str):
         from transformers import ResNetConfig, ResNetForImageClassification
 
         # transformers' default ResNetConfig is ResNet-50 (bottleneck 3-4-6-3, 1000 labels)
-        return (_HFOutput(ResNetForImageClassification(ResNetConfig()), "pixel_values",
-                          "logits"), torch.randn(1, 3, 224, 224))
+        return (_HFOutput(ResNetForImageClassification(ResNetConfig(num_labels=1000)),
+                          "pixel_values", "logits"), torch.randn(1, 3, 224, 224))
     if name == "bert":
         from transformers import BertConfig, BertModel
 
