@@ -217,6 +217,79 @@ def test_quantized_outputs_are_judged_within_one_step():
     assert not judge_outputs(plain, [x], [x * 2], [x * 2 + 0.04]).ok
 
 
+def _two_int8_layers():
+    """Two int8 layers, each a LayerNorm after it, the output scaled up: a value at a
+    rounding boundary flipped to the other code moves the output by more than a step."""
+    qd = _qd()
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(256, 256, generator=g) / 16, torch.randn(256, 256, generator=g) / 16
+
+    def qdq(t, scale):
+        return qd.dequantize_per_tensor.default(
+            qd.quantize_per_tensor.default(t, scale, 0, -128, 127, torch.int8),
+            scale, 0, -128, 127, torch.int8)
+
+    def f(x):
+        h = torch.nn.functional.layer_norm(qdq(x, 0.02) @ w1, (256,))
+        return (torch.nn.functional.layer_norm(qdq(h, 0.05) @ w2, (256,)) * 20,)
+
+    x = torch.randn(64, 256, generator=g)
+    return make_fx(f)(x), x
+
+
+def test_a_deep_int8_output_is_judged_by_the_spread_of_rounding():
+    """Beyond one step: another backend's rounding at the boundaries (eager nudged with
+    other draws) passes as within the spread of int8 rounding; 2% off, or noise of twice
+    that spread, does not (run/checks/quantized.py, ``_spread``)."""
+    from arbiter.run.checks.quantized import _Nudged, judge_outputs
+
+    gm, x = _two_int8_layers()
+    expected = list(gm(x))
+
+    class OtherOrder(_Nudged):  # the same nudge's size, other draws
+        def __init__(self, g):
+            super().__init__(g)
+            self.position = {n: i + 1000 for n, i in self.position.items()}
+
+    got = list(OtherOrder(gm).run(x))
+    assert float((got[0] - expected[0]).abs().max()) > 0.05  # more than one step
+    ok = judge_outputs(gm, [x], expected, got)
+    assert ok.ok and "within the spread of int8 rounding" in ok.detail, ok.detail
+    off = judge_outputs(gm, [x], expected, [got[0] * 1.02])
+    assert not off.ok and "beyond the spread of int8 rounding" in off.detail, off.detail
+    noise = torch.randn(expected[0].shape, generator=torch.Generator().manual_seed(3))
+    assert not judge_outputs(gm, [x], expected, [expected[0] + 0.04 * noise]).ok
+
+
+def test_an_output_no_quantization_feeds_gets_the_float64_rejudge():
+    """In a quantized partition, an output outside the quantized layers is judged as any
+    partition's: a float32 row sum of 8192 terms in another order (beyond float32's
+    elementwise tolerance, within its rounding) passes against float64; 1% off fails."""
+    from arbiter.run.checks.quantized import judge_outputs
+
+    qd = _qd()
+
+    def f(x, y):
+        a = qd.dequantize_per_tensor.default(
+            qd.quantize_per_tensor.default(x, 0.05, 0, -128, 127, torch.int8),
+            0.05, 0, -128, 127, torch.int8)
+        return a.relu(), y.sum(1)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 16), torch.randn(256, 8192) * 10
+    gm = make_fx(f, tracing_mode="fake")(x, y)
+    expected = list(gm(x, y))
+    acc = torch.zeros(256, 2)
+    for part in y.view(256, 4096, 2).unbind(1):  # the columns summed in another order
+        acc = acc + part
+    reordered = acc.sum(1)
+    assert not torch.allclose(reordered, expected[1], rtol=1.3e-6, atol=1e-5)
+    ok = judge_outputs(gm, [x, y], expected, [expected[0] + 0.04, reordered])
+    assert ok.ok and "within rounding error" in ok.detail, ok.detail
+    assert not judge_outputs(gm, [x, y], expected, [expected[0], reordered * 1.01]).ok
+    assert not judge_outputs(gm, [x, y], expected, [expected[0] + 0.2, reordered]).ok
+
+
 # -- the backends: validators ---------------------------------------------------------------
 def test_onnx_refuses_a_quantize_narrower_than_its_dtype():
     """QuantizeLinear saturates to the dtype's range; eager clamps to quant_min..quant_max."""

@@ -48,9 +48,19 @@ class _Float64(torch.fx.Interpreter):
         return _up(super().get_attr(target, args, kwargs))
 
     def call_function(self, target, args, kwargs):
-        args = torch.fx.node.map_aggregate(args, _up)
-        kwargs = torch.fx.node.map_aggregate(kwargs, _up)
+        # a model's own quantize/dequantize ops (PT2E) take float32, as the model runs
+        # them: its quantization is its rounding, and the float64 reference computes
+        # between its steps
+        cast = _down if (isinstance(target, torch._ops.OpOverload)
+                         and target.namespace == "quantized_decomposed") else _up
+        args = torch.fx.node.map_aggregate(args, cast)
+        kwargs = torch.fx.node.map_aggregate(kwargs, cast)
         return super().call_function(target, args, kwargs)
+
+
+def _down(x: Any) -> Any:
+    return x.to(torch.float32) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 \
+        else x
 
 
 def float64_outputs(gm: torch.fx.GraphModule, args: Sequence[Any]) -> list:
