@@ -127,6 +127,13 @@ def is_dequantize(node: torch.fx.Node) -> bool:
             and node.target._opname.startswith("dequantize"))
 
 
+def dequantizes_constants(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` dequantizes a constant it holds (``get_attr``): a PT2E model's int8
+    weight, frozen into the graph."""
+    return any(is_dequantize(n) and n.args and isinstance(n.args[0], torch.fx.Node)
+               and n.args[0].op == "get_attr" for n in gm.graph.nodes)
+
+
 def is_quantize(node: torch.fx.Node) -> bool:
     """Whether ``node`` quantizes (a quantization op that is not a dequantize): floats in,
     integer codes out."""

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from arbiter.ops import dequantizes_constants
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._export import quiet
@@ -39,12 +40,10 @@ def save(backend: Any, gm: torch.fx.GraphModule) -> Optional[tuple[dict, dict[st
 
     if graph_is_symbolic(gm) or backend.options.autocast is not None:
         return None
-    from .inductor import int8_weights
-
     patches = dict(backend.options.options)
     if backend._threads is not None:
         patches.setdefault("cpp.threads", backend._threads)
-    if backend.options.freeze_quantized and int8_weights(gm):
+    if backend.options.freeze_quantized and dequantizes_constants(gm):
         patches.setdefault("freezing", True)  # as compile() does: int8 kernels
     with tempfile.TemporaryDirectory(prefix="arbiter-aoti-") as tmp:
         path = Path(tmp) / "model.pt2"

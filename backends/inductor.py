@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from arbiter.backend import Backend, bounded_threads
 from arbiter.errors import require_known, unknown_name
-from arbiter.ops import DECLARED_NAMESPACES, is_dequantize, nonfinite_validators
+from arbiter.ops import DECLARED_NAMESPACES, dequantizes_constants, nonfinite_validators
 from arbiter.registry import register_backend
 from arbiter.shapes import graph_is_symbolic, input_values
 
@@ -237,7 +237,7 @@ class Inductor(ExactNonfinite, Backend):
             # The OpenMP thread count is baked into the generated C++ kernels at compile
             # time (cpp.threads; -1 would read torch.get_num_threads() then).
             patches.setdefault("cpp.threads", self._threads)
-        if self.options.freeze_quantized and int8_weights(gm):
+        if self.options.freeze_quantized and dequantizes_constants(gm):
             patches.setdefault("freezing", True)
         context = _cacheable_context(gm)
         if patches.get("freezing"):
@@ -417,14 +417,6 @@ def _cacheable_context(gm: torch.fx.GraphModule):
     if fake_mode is None or fake_mode.shape_env is None:
         return None  # nothing to key on: Inductor bypasses its cache
     return tracing(TracingContext(fake_mode))
-
-
-def int8_weights(gm: torch.fx.GraphModule) -> bool:
-    """Whether ``gm`` dequantizes a constant it holds (``get_attr``): a PT2E model's int8
-    weight, which Inductor's freezing passes fold into an int8 kernel."""
-    return any(n.op == "call_function" and is_dequantize(n) and n.args
-               and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr"
-               for n in gm.graph.nodes)
 
 
 @contextlib.contextmanager

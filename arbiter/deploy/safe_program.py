@@ -7,9 +7,9 @@ safetensors, and reading hands both to torch's deserializer as dicts. That deser
 still trusts the JSON's node targets (any attribute path under ``torch``, ``operator``
 or ``math``) and size expressions (``sympy.sympify`` evaluates Python), so ``check``
 first refuses any target outside ATen/prims ops, the quantize/dequantize ops of PT2E
-(``quantized_decomposed``: a model the user quantized) and symbolic size arithmetic, any size
-expression with other than sympy's number, symbol and arithmetic constructors, and any
-higher-order op or script object; node metadata and guard code are dropped unread.
+(``quantized_decomposed``: a model the user quantized) and symbolic size arithmetic,
+any size expression with other than sympy's number, symbol and arithmetic constructors,
+and any higher-order op or script object; node metadata and guard code are dropped unread.
 Afterwards every node's target is checked again. docs/deploy.md ("no code from the
 file").
 """
@@ -27,7 +27,8 @@ from ..ops import register_namespaces
 
 #: the op namespaces a saved program may call
 NAMESPACES = ("aten", "prims", "quantized_decomposed")
-_TARGET = re.compile(r"^torch\.ops\.(aten|prims|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
+_TARGET = re.compile(r"^torch\.ops\.(aten|prims|quantized_decomposed)"
+                     r"\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$")
 #: size arithmetic (symbolic graphs): python callables torch's serializer writes by name
 _PY_TARGETS = {
     **{f"_operator.{n}": getattr(operator, n) for n in (

@@ -7,7 +7,8 @@ candidate's measured time, for the report. On disk and on the wire it is JSON
 (``to_json``, ``from_json``): an entry of another shape is no decision.
 ``DecisionCache.for_graph`` keys it by the graph, its real input shapes and dtypes, its
 frozen weights' shapes, dtypes and strides (not their bytes: docs/cache.md says why),
-the planner's ``decision_parts``, the policies' ``TIMED`` rules and ``measure.mix_max_segments`` when mixing is on.
+the planner's ``decision_parts``, the revision of what policies time (``policy.TIMED``)
+and ``measure.mix_max_segments`` when mixing is on.
 Under torch.distributed (``process_group``, ``send``, ``receive``) rank 0 alone decides
 and broadcasts; the others install its decision untimed (docs/policies.md, "`measure`").
 """

@@ -47,11 +47,11 @@ CLOSE_MARGIN = 0.25
 #: one compile, and Inductor's 14 s on BERT-base, timed beside OpenVINO's 1 s, was most of
 #: its first call there. Training graphs time the runner-up whatever it costs.
 COMPILE_SHARE = 2.0
-#: The revision of the rules above and below on what a policy times (part of the decision
+COMPILE_SLACK_S = 1.0
+#: The revision of the rules on what a policy times (part of the decision
 #: cache's key): 2 adds a quantized graph's plans that run its int8 units
 #: (``quantized.int8_rivals``)
 TIMED = 2
-COMPILE_SLACK_S = 1.0
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
 #: predicted slower than this many times the best prediction is not compiled and timed.
 MEASURE_FAR = 2.0

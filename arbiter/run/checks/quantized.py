@@ -18,10 +18,10 @@ with each quantize's input nudged by 16 float32 eps (what another order of the f
 before it moves a value by), and the output passes when its RMS error is at most 2x the
 nudged run's and its max at most 4x the nudged run's plus one step (reference.py's
 factors). A graph that does not move under the nudge keeps the one-step allowance alone.
-An output no quantization feeds
-is judged as any partition's (float32's tolerance, then a float64 reference where that
-fails: reference.py), and a partition without quantize/dequantize nodes is judged as
-before. docs/precision.md ("A model you quantized yourself").
+An output no quantization feeds is judged as any partition's (float32's tolerance, then
+a float64 reference where that fails: reference.py), and a partition without
+quantize/dequantize nodes is judged as before. docs/precision.md ("A model you quantized
+yourself").
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def judge_outputs(gm: torch.fx.GraphModule, args: Sequence[Any], expected: Seque
         err = float(diff.max()) if diff.numel() else 0.0
         worst = max(worst, err)
         if not math.isfinite(err):
-            return Comparison(False, worst, f"output {k} ({dtype_name(e.dtype)}): non-finite "
-                              f"where eager's is finite")
+            return Comparison(False, worst, f"output {k} ({dtype_name(e.dtype)}): its error "
+                              f"against eager is not finite ({err})")
         if bool((diff > s + atol + rtol * e64.abs()).any()):
             if spread is None:
                 spread = _spread(gm, args, expected)
