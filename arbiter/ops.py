@@ -119,6 +119,11 @@ def is_quantization_op(name: str) -> bool:
     return namespace == "quantized_decomposed" or "quantize" in rest.partition(".")[0]
 
 
+def is_quantization(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a quantize or dequantize op (``is_quantization_op``)."""
+    return node.op == "call_function" and is_quantization_op(op_name(node.target))
+
+
 def is_dequantize(node: torch.fx.Node) -> bool:
     """Whether ``node`` dequantizes (PT2E's ``dequantize_per_tensor``/``_per_channel``):
     integer codes in, the float values the op after it computes with out."""
@@ -137,8 +142,7 @@ def dequantizes_constants(gm: torch.fx.GraphModule) -> bool:
 def is_quantize(node: torch.fx.Node) -> bool:
     """Whether ``node`` quantizes (a quantization op that is not a dequantize): floats in,
     integer codes out."""
-    return (node.op == "call_function" and is_quantization_op(op_name(node.target))
-            and not is_dequantize(node))
+    return is_quantization(node) and not is_dequantize(node)
 
 
 # -- node and graph facts --------------------------------------------------------------

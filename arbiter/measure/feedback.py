@@ -6,10 +6,11 @@ zoo's predictions were off by up to 200x. Every time a first call times a candid
 runs on one backend alone (``only X``, eager whole), the ratio of its measured time to its
 uncorrected prediction is kept for that backend, in memory and in the persistent cache
 (kind ``calibration-feedback``, keyed as the backend's calibration and tied to that
-calibration, its time and what it measured: a new calibration starts afresh), the last ``KEEP`` of them. Once a
-backend has ``MIN_SEEN``, its predictions are multiplied by their geometric mean (within
-``1/LIMIT`` to ``LIMIT``): predictions converge to what this machine measures. A pinned
-calibration file is used as it is, so plans from it stay reproducible.
+calibration, its time and what it measured: a new calibration starts afresh), the last
+``KEEP`` of them. Once a backend has ``MIN_SEEN``, its predictions are multiplied by
+their geometric mean (within ``1/LIMIT`` to ``LIMIT``): predictions converge to what
+this machine measures. A pinned calibration file is used as it is, so plans from it stay
+reproducible.
 """
 from __future__ import annotations
 

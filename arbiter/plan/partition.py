@@ -9,7 +9,8 @@ Nodes are then sunk into later runs that use them, and partitions smaller than
 ``min_block_size`` give their nodes to the next able backend, in at most (#backends)
 rounds; a pin wins over ``min_block_size``. Ties break by graph order, so the same graph
 and config always give the same plan. A pattern match some backend claims is one unit
-(patterns.py), and so is a dequantize with the ops it feeds (quantized.py). docs/design.md ("The partitioner") gives the steps.
+(patterns.py), and so is a dequantize with the ops it feeds (quantized.py).
+docs/design.md ("The partitioner") gives the steps.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch.fx
 
-from ..ops import (DATA_MOVES, is_dequantize, is_getitem, is_quantization_op, is_quantize,
+from ..ops import (DATA_MOVES, is_dequantize, is_getitem, is_quantization, is_quantize,
                    op_name, packet_name)
 
 
@@ -74,12 +74,10 @@ def shared_candidates(members: Sequence[int], allowed: Sequence[Optional[list]],
     lists = [allowed[i] for i in members]
     if any(a is None for a in lists):
         return None
-    lead = next((i for i in members if not is_dequantize(nodes[i])
-                 and not is_quantization_op(op_name(nodes[i].target))
+    lead = next((i for i in members if not is_quantization(nodes[i])
                  and packet_name(op_name(nodes[i].target)) not in DATA_MOVES), members[0])
     common = set(lists[0]).intersection(*lists[1:])
     return [b for b in allowed[lead] if b in common]
-
 
 
 def in_eager(plan, inline: set[str]) -> tuple[int, int]:
@@ -88,7 +86,7 @@ def in_eager(plan, inline: set[str]) -> tuple[int, int]:
     left = total = 0
     for p in plan.partitions:
         for n in p.nodes:
-            if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+            if is_quantization(n):
                 total += 1
                 left += p.backend in inline
     return left, total

@@ -6,11 +6,12 @@ decompositions), ``ge.Scalar`` and the other comparisons with a number (OpInfo's
 comparison samples compare tensors), ``_unsafe_view`` (from ``matmul``'s), ``arange`` of
 a symbolic length (GPT-2's positions: OpInfo's ``arange`` samples take no tensor, so
 nothing varies), ``alias`` and ``bitwise_and`` of two masks (a decoder's rotary tables and
-causal mask under ``torch.export``). A model full of them (GPT-2's ``gelu_new``) would find those ops never probed with symbols. Each sample here calls one
-overload directly, with sizes computed from its inputs (a fixed target size would pin
-the symbols), and goes through the same probe as an OpInfo sample
-(``arbiter.probe.dynamic``): it quacks like an OpInfo (``name``, ``aten_name``,
-``sample_inputs``, ``supported_dtypes``, ``op``). Used by the dynamic probe only.
+causal mask under ``torch.export``). A model full of them (GPT-2's ``gelu_new``) would
+find those ops never probed with symbols. Each sample here calls one overload directly,
+with sizes computed from its inputs (a fixed target size would pin the symbols), and
+goes through the same probe as an OpInfo sample (``arbiter.probe.dynamic``): it quacks
+like an OpInfo (``name``, ``aten_name``, ``sample_inputs``, ``supported_dtypes``,
+``op``). Used by the dynamic probe only.
 """
 from __future__ import annotations
 

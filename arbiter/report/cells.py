@@ -156,8 +156,9 @@ def sizes_vary(p: Any) -> bool:
 
 def partition_notes(p: Any) -> list[str]:
     """What a partition's table row has no room for: copies at its boundary, its NaN/inf
-    guard, the integer dtypes it runs quantized, verify's checks, first-use checks, the times measured per backend (the text
-    report's ``partition N:`` line, and the notes under the HTML page's table)."""
+    guard, the integer dtypes it runs quantized, verify's checks, first-use checks, the
+    times measured per backend (the text report's ``partition N:`` line, and the notes
+    under the HTML page's table)."""
     notes = []
     if p.copies or p.restride_copies:
         notes.append(f"copies {p.copies} at the boundary, {p.restride_copies} restrides")

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ..ops import is_getitem, is_quantization_op, op_name, tensors_in
+from ..ops import is_getitem, is_quantization, op_name, tensors_in
 from ..plan.partition import Partition, Plan
 from ..plan.policy import ONLY
 from ..plan.rules import names
@@ -460,7 +460,7 @@ def quantized_dtypes(nodes: list[torch.fx.Node]) -> list[str]:
     ``nodes``, sorted."""
     found: dict[str, None] = {}
     for n in nodes:
-        if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+        if is_quantization(n):
             names = [a.name for a in n.target._schema.arguments]
             k = names.index("dtype") if "dtype" in names else -1
             dt = n.args[k] if 0 <= k < len(n.args) else n.kwargs.get("dtype")
@@ -479,7 +479,7 @@ def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]
         if not _runs_in_eager(g, p, backends):
             continue
         for n in p.nodes:
-            if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+            if is_quantization(n):
                 found[op_name(n.target)] += 1
                 refusals = g.plan.support[n].refusals
                 if why is None and refusals:

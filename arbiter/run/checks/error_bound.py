@@ -7,9 +7,10 @@ step's error to what its inputs carried. Rounding errors of different terms are
 uncorrelated in practice, so they add like a random walk: a sum's error is typically of
 order ``u * sqrt(K)`` times the sum's size, far below the worst case ``u * K`` (Higham
 and Mary, "A New Approach to Probabilistic Rounding Error Analysis", SIAM J. Sci.
-Comput. 2019, prove the ``sqrt(K)`` growth with high probability). Along a chain, the roundings of each step add up the same way, so an output at the
-end of reductions of lengths ``K1, K2, ...`` carries an error of order
-``u * sqrt(K1 + K2 + ...)`` relative to its scale.
+Comput. 2019, prove the ``sqrt(K)`` growth with high probability). Along a chain, the
+roundings of each step add up the same way, so an output at the end of reductions of
+lengths ``K1, K2, ...`` carries an error of order ``u * sqrt(K1 + K2 + ...)`` relative
+to its scale.
 
 ``reduction_lengths(gm)`` is that sum for each output of an ATen graph, read off the
 graph: for each node, the length of the sums it computes (a matmul's or convolution's

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from ...ops import is_quantization_op, is_quantize, op_name
+from ...ops import is_quantization, is_quantize
 from .reference import MAX_FACTOR, RMS_FACTOR, judge_against_float64
 from .verify import Comparison, compare, dtype_name, tolerance
 
@@ -51,7 +51,7 @@ def output_steps(gm: torch.fx.GraphModule) -> Optional[list[Optional[float]]]:
     step: dict[torch.fx.Node, Optional[float]] = {}
     quantized = False
     for n in gm.graph.nodes:
-        if n.op == "call_function" and is_quantization_op(op_name(n.target)):
+        if is_quantization(n):
             quantized = True
             step[n] = _activation_scale(n)
         else:
