@@ -239,6 +239,10 @@ class Inductor(ExactNonfinite, Backend):
             patches.setdefault("cpp.threads", self._threads)
         if self.options.freeze_quantized and dequantizes_constants(gm):
             patches.setdefault("freezing", True)
+        elif not any(n.op == "get_attr" for n in gm.graph.nodes):
+            # nothing to freeze: a user's global freezing would take the weight inputs
+            # for constants (its oneDNN int8 pass fails on them)
+            patches.setdefault("freezing", False)
         context = _cacheable_context(gm)
         if patches.get("freezing"):
             # Inductor freezes only what it compiles without grad; its oneDNN int8

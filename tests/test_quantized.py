@@ -379,6 +379,27 @@ def test_inductor_folds_int8_weights_into_its_int8_kernels(fresh_dynamo, pt2e_mo
     torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
 
 
+def test_the_users_global_freezing_keeps_the_weights_frozen(fresh_dynamo, pt2e_models,
+                                                           monkeypatch):
+    """The PT2E X86 recipe sets ``torch._inductor.config.freezing`` for the whole process.
+    Under it (grad off) Dynamo makes the weights graph attributes, which AOTAutograd lifts
+    into inputs ahead of the model's own: they are frozen all the same (``lifted_weights``),
+    and Inductor packs them (it failed to compile, on the weights as fake inputs, before)."""
+    from torch._dynamo.utils import counters
+
+    converted, x = pt2e_models["cnn"]
+    monkeypatch.setattr(torch._inductor.config, "freezing", True)
+    counters.clear()
+    be = arbiter.Arbiter({"backends": ["inductor"], "against_eager": "off"})
+    with torch.no_grad():
+        out = torch.compile(converted, backend=be)(x)
+        expected = converted(x)
+    (part,) = be.report().graphs[0].partitions
+    assert part.backend == "inductor", part
+    assert counters["inductor"]["qconv_weight_prepack_matcher_count"] == 2
+    torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
+
+
 def test_plans_running_int8_units_are_timed(make_backend):
     """The calibration has no int8 cells: in a quantized graph every candidate that runs
     int8 units on a backend, leaving no more of them in eager than the predicted best,

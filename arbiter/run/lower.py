@@ -68,6 +68,16 @@ def input_names(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
     return names
 
 
+def lifted_weights(gm: torch.fx.GraphModule) -> tuple[list[torch.Tensor],
+                                                      list[tuple[str, str]]]:
+    """The parameters and buffers of ``gm`` itself, in the order AOTAutograd lifts them
+    into its graph's first inputs, with (name, kind) of each as ``input_names`` gives."""
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    buffers = dict(gm.named_buffers(remove_duplicate=False))
+    return ([*params.values(), *buffers.values()],
+            [(name, "parameter") for name in params] + [(name, "buffer") for name in buffers])
+
+
 def frozen_inputs(gm: torch.fx.GraphModule, real_inputs: Sequence[Any],
                   names: Sequence[tuple[str, str]] = ()) -> dict[torch.fx.Node, torch.Tensor]:
     """Placeholders of an inference graph that are parameters/buffers -> real tensors.
@@ -160,10 +170,14 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], compile_graph
     """Run AOTAutograd on a Dynamo graph; ``compile_graph`` gets each ATen graph."""
     from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
-    real_inputs = list(example_inputs)
     if freeze_weights and _fsdp_weights():
         freeze_weights = False
-    names = input_names(gm) if freeze_weights else []
+    # AOTAutograd lifts the graph's own parameters and buffers ahead of the inputs: Dynamo
+    # makes a module's weights graph attributes under torch._inductor.config.freezing
+    # with grad off (the user's setting), and they are weights all the same
+    weights, weight_names = lifted_weights(gm)
+    real_inputs = [*weights, *example_inputs]
+    names = [*weight_names, *input_names(gm)] if freeze_weights else []
 
     def compiler(kind: str):
         def compile_one(fx_g: torch.fx.GraphModule, _fake_inputs: Sequence[Any]):
