@@ -25,7 +25,11 @@ units of the model's last activation quantization step, top-1 agreement (classif
 and what ran where (arbiter).
 
     .venv/bin/python bench/quantized.py [--models cnn mlp resnet50 bert] [--rounds 7]
-        [--calls 10] [--variants ...]
+        [--calls 10] [--variants ...] [--dynamic]
+
+``--dynamic``: activations quantized with parameters chosen at run time
+(``is_dynamic=True``: ``choose_qparams.tensor`` and the ``.tensor`` overloads); the
+difference column is then the largest difference over the largest output.
 """
 from __future__ import annotations
 
@@ -86,14 +90,15 @@ def build(name: str):
     raise SystemExit(f"unknown model {name!r}; one of {MODELS}")
 
 
-def quantize(model, x):
-    """``model`` through torchao's PT2E flow (X86InductorQuantizer, static)."""
+def quantize(model, x, dynamic: bool = False):
+    """``model`` through torchao's PT2E flow (X86InductorQuantizer, static; ``dynamic``:
+    activations quantized with parameters chosen at run time)."""
     import torch
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = xiq.X86InductorQuantizer()
-    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
     prepared = prepare_pt2e(torch.export.export(model.eval(), (x,)).module(), quantizer)
     g = torch.Generator().manual_seed(1)
     for _ in range(4):
@@ -124,16 +129,17 @@ def make(variant: str, converted):
     return torch.compile(converted, backend=be), be
 
 
-def one(name: str, variants: list[str], rounds: int, calls: int) -> dict:
+def one(name: str, variants: list[str], rounds: int, calls: int, dynamic: bool) -> dict:
     import torch
 
     warnings.filterwarnings("ignore")
     model, x = build(name)
     start = time.perf_counter()
     with torch.no_grad():
-        converted = quantize(model, x)
+        converted = quantize(model, x, dynamic)
     quant_s = time.perf_counter() - start
-    step = last_step(converted)
+    # dynamic quantization has no fixed step: differences relative to the largest output
+    step = last_step(converted) if not dynamic else float(converted(x).abs().max())
     out: dict = {"model": name, "quantize_s": quant_s, "step": step, "rows": {}}
     fns = {}
     with torch.no_grad():
@@ -181,15 +187,18 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=VARIANTS)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--dynamic", action="store_true",
+                    help="quantize activations dynamically (X86InductorQuantizer is_dynamic)")
     ap.add_argument("--one", metavar="MODEL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(one(args.one, args.variants, args.rounds, args.calls)),
-              flush=True)
+        print("RESULT " + json.dumps(one(args.one, args.variants, args.rounds, args.calls,
+                                         args.dynamic)), flush=True)
         return 0
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    diff = "max diff / max output" if args.dynamic else "max diff (steps)"
     print("| model | variant | first call s | ms per call (median) | best single / it | "
-          "converted eager / it | max diff (steps) | top-1 agree |")
+          f"converted eager / it | {diff} | top-1 agree |")
     print("|---|---|---:|---:|---:|---:|---:|---:|", flush=True)
     for name in args.models:
         with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +206,8 @@ def main() -> int:
                    "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
             proc = subprocess.run([sys.executable, __file__, "--one", name, "--variants",
                                    *args.variants, "--rounds", str(args.rounds), "--calls",
-                                   str(args.calls)], env=env, capture_output=True,
+                                   str(args.calls), *(["--dynamic"] if args.dynamic else [])],
+                                  env=env, capture_output=True,
                                   text=True, timeout=3600)
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode != 0 or not line:
@@ -215,7 +225,7 @@ def main() -> int:
             vs_eager = f"{eager / r['ms']:.2f}x" if eager else "-"
             top1 = f"{r['top1']:.0%}" if "top1" in r else "-"
             print(f"| {name} | {v} | {r['first_s']:.1f} | {r['ms']:.3f} | {ratio} | "
-                  f"{vs_eager} | {r['diff_steps']:.2f} | {top1} |", flush=True)
+                  f"{vs_eager} | {r['diff_steps']:.2g} | {top1} |", flush=True)
         print(f"  {name}: quantized in {res['quantize_s']:.1f} s, last step {res['step']:.3g}")
         for v, r in rows.items():
             if r.get("ran"):

@@ -83,15 +83,16 @@ def _mlp():
                          nn.Linear(128, 10))
 
 
-def pt2e(model: nn.Module, x: torch.Tensor) -> nn.Module:
+def pt2e(model: nn.Module, x: torch.Tensor, dynamic: bool = False) -> nn.Module:
     """``model`` quantized the standard way: torchao's prepare_pt2e / convert_pt2e with
-    X86InductorQuantizer, calibrated on four batches."""
+    X86InductorQuantizer, calibrated on four batches; ``dynamic``: activations quantized
+    with parameters chosen at run time (``is_dynamic=True``)."""
     pytest.importorskip("torchao", reason="torchao (PT2E quantization) is not installed")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
 
     quantizer = xiq.X86InductorQuantizer()
-    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic))
     prepared = prepare_pt2e(torch.export.export(model.eval(), (x,)).module(), quantizer)
     g = torch.Generator().manual_seed(1)
     for _ in range(4):
@@ -106,6 +107,7 @@ def pt2e_models():
     for name, model, x in (("cnn", CNN(), torch.randn(8, 3, 32, 32)),
                            ("mlp", _mlp(), torch.randn(8, 64))):
         out[name] = (pt2e(model, x), x)
+    out["mlp_dynamic"] = (pt2e(_mlp(), torch.randn(8, 64), dynamic=True), torch.randn(8, 64))
     return out
 
 
@@ -330,6 +332,55 @@ def test_openvino_takes_a_quantize_only_into_its_dequantize():
     assert "FakeQuantize" in plan.support[wd].refusals["openvino"]
 
 
+# -- dynamic quantization: parameters chosen at run time -------------------------------------
+@pytest.mark.parametrize("config", ["default", "cpu_all"])
+def test_a_dynamically_quantized_model_runs_on_a_backend(fresh_dynamo, pt2e_models, config):
+    """X86InductorQuantizer(is_dynamic=True): each activation's scale and zero point come
+    from ``choose_qparams.tensor`` at run time, into the ``.tensor`` overloads of quantize
+    and dequantize. Inductor takes all three (its int8 linear fused: packed weights), so
+    no quantization node runs in eager (all of them did, 8x slower than Inductor)."""
+    from torch._dynamo.utils import counters
+
+    converted, x = pt2e_models["mlp_dynamic"]
+    counters.clear()
+    with torch.no_grad():
+        expected = converted(x)
+        compiled = torch.compile(converted, backend="arbiter", options={"config": config})
+        compiled(x)
+        out = compiled(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
+    g = arbiter.report_for(compiled).graphs[0]
+    assert not [w for w in g.warnings if "quantize/dequantize" in w], g.warnings
+    for p in g.partitions:
+        qdq = {op for op in p.ops if op.startswith("quantized_decomposed")}
+        assert not (qdq and p.backend == "eager"), (p.id, p.backend, p.ops)
+    assert counters["inductor"]["qlinear_weight_prepack_matcher_count"] == 3
+
+
+@pytest.mark.parametrize("positive", [False, True])
+def test_choose_qparams_decomposes_as_eager_computes_it(positive):
+    """arbiter's decomposition of ``choose_qparams.tensor`` (Inductor's manifest asks for
+    it) gives eager's scale and zero point bit for bit, on activations of both signs and
+    on all-positive ones, where Inductor's own leaves 0 out of the range."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
+    from torch._inductor.decomposition import choose_qparams_tensor as inductors
+
+    from arbiter.decompose.own import extra
+
+    choose = torch.ops.quantized_decomposed.choose_qparams.tensor
+    ours = extra()[choose]
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, 32, generator=g) * 5 + (0.3 if positive else -2.0)
+    args = (0, 255, 2.0 ** -12, torch.uint8)
+    want = choose(x, *args)
+    got = ours(x, *args)
+    for w, o in zip(want, got):
+        assert w.dtype == o.dtype and w.shape == o.shape
+        assert torch.equal(w, o), (w, o)
+    theirs = inductors(x, *args)
+    assert torch.equal(theirs[0], want[0]) != positive  # what the decomposition is for
+
+
 # -- the probe and the manifests ------------------------------------------------------------
 def test_the_probe_runs_quantized_samples():
     pytest.importorskip("onnxruntime")
@@ -355,6 +406,10 @@ def test_the_manifests_hold_the_probed_quantize_ops(backend):
         entry = manifest.entry(f"quantized_decomposed.{op}.default")
         assert entry is not None and entry.verified == "probed", (backend, op)
         assert {str(d).removeprefix("torch.") for d in entry.probed_dtypes} >= dtypes
+    if backend == "inductor":  # dynamic quantization's ops: Inductor's alone
+        for op in ("choose_qparams", "quantize_per_tensor", "dequantize_per_tensor"):
+            entry = manifest.entry(f"quantized_decomposed.{op}.tensor")
+            assert entry is not None and entry.verified == "probed", op
 
 
 # -- the int8 paths: Inductor's freezing, a plan that runs the units timed ------------------

@@ -20,7 +20,40 @@ def extra() -> dict:
                 _flash_attention_for_cpu,
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
                 _flash_attention_for_cpu_backward,
-            torch.ops.aten._safe_softmax.default: _safe_softmax}
+            torch.ops.aten._safe_softmax.default: _safe_softmax,
+            **_quantization()}
+
+
+def _quantization() -> dict:
+    """The quantization ops' entries, where torch has registered them (a graph holding
+    one has: its module registers them on import, which is not done here)."""
+    try:
+        choose = torch.ops.quantized_decomposed.choose_qparams.tensor
+    except (AttributeError, RuntimeError):
+        return {}
+    return {choose: _choose_qparams}
+
+
+def _choose_qparams(x, quant_min, quant_max, eps, dtype):
+    """``quantized_decomposed.choose_qparams.tensor`` (dynamic quantization's scale and
+    zero point of an activation, computed at run time) as eager computes it
+    (``torch.ao.quantization.utils.determine_qparams``, affine): the range widened to
+    take in 0, over the codes' span, at least ``eps``; the zero point rounded and clamped
+    to the codes. Inductor's own decomposition leaves 0 out of the range: on an input
+    whose every value is above 0 its scale and zero point differ from eager's (the
+    probe's positive samples: every code off). Float32 inputs only (eager computes in the
+    input's dtype)."""
+    aten = torch.ops.aten
+    if x.dtype != torch.float32 or x.numel() == 0:
+        return NotImplemented
+    low = aten.clamp_max.default(aten.min.default(x), 0.0)
+    high = aten.clamp_min.default(aten.max.default(x), 0.0)
+    scale = aten.div.Tensor(aten.sub.Tensor(high, low), float(quant_max - quant_min))
+    scale = aten.view.default(aten.clamp_min.default(scale, eps), [1])
+    codes = aten.round.default(aten.div.Tensor(aten.view.default(low, [1]), scale))
+    zero_point = aten.clamp.default(aten.rsub.Scalar(codes, quant_min), quant_min, quant_max)
+    return (aten._to_copy.default(scale, dtype=torch.float64),
+            aten._to_copy.default(zero_point, dtype=torch.int64))
 
 
 def _safe_softmax(x, dim, dtype=None):

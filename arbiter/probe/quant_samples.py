@@ -46,8 +46,9 @@ class QuantSample:
     force = True  # chosen for its arguments: run even where its (op, dtype) pairs passed
 
     def __init__(self, op: str, variant: str, make: Callable[[torch.Generator], tuple],
-                 call: Callable):
+                 call: Callable, overload: str = "default"):
         self.name = f"{NAMESPACE}.{op}"
+        self.overload = overload
         self.aten_name = op
         self.variant_test_name = variant
         self._make = make
@@ -127,20 +128,77 @@ def _per_channel(axis: int) -> list[QuantSample]:
                         qd.dequantize_per_channel.default)]
 
 
+#: choose_qparams' eps in the graphs X86InductorQuantizer(is_dynamic=True) makes: 2**-12
+_DYNAMIC_EPS = 2.0 ** -12
+
+
+def _dynamic(variant: str) -> list[QuantSample]:
+    """uint8 activations quantized with parameters computed at run time, as
+    ``X86InductorQuantizer`` makes them with ``is_dynamic=True``: ``choose_qparams.tensor``
+    (a float64 scale and an int64 zero point, one-element tensors), then the ``.tensor``
+    overloads of quantize and dequantize. ``variant``: ``signed`` inputs span both signs;
+    ``positive`` ones (a ReLU's output) do not, where eager still counts 0 into the range.
+    Each input holds its range's two ends exactly, so the scale is known while the other
+    values are moved away from rounding ties."""
+    qd = _ops()
+    shape = (4, 8, 6)
+    lo_val, hi_val = (-4.0, 4.5) if variant == "signed" else (0.5, 6.0)
+    qargs = (0, 255, _DYNAMIC_EPS, torch.uint8)
+
+    def activations(g):
+        x = (torch.rand(shape, generator=g) * (hi_val - lo_val) + lo_val).clamp(
+            lo_val + 0.05, hi_val - 0.05)
+        scale = (max(hi_val, 0.0) - min(lo_val, 0.0)) / 255.0
+        x = _away_from_ties(x, scale).clamp(lo_val + 0.01, hi_val - 0.01)
+        flat = x.reshape(-1)
+        flat[0], flat[-1] = lo_val, hi_val
+        return x
+
+    def chosen(g):
+        x = activations(g)
+        return x, qargs
+
+    def quantize(g):
+        x = activations(g)
+        scale, zp = qd.choose_qparams.tensor(x, *qargs)
+        return x, (scale, zp, 0, 255, torch.uint8)
+
+    def codes(g):
+        x = activations(g)
+        scale, zp = qd.choose_qparams.tensor(x, *qargs)
+        q = torch.randint(0, 256, shape, generator=g).to(torch.uint8)
+        return q, (scale, zp, 0, 255, torch.uint8)
+
+    def chain(x, lo, hi, eps, dtype):
+        scale, zp = qd.choose_qparams.tensor(x, lo, hi, eps, dtype)
+        q = qd.quantize_per_tensor.tensor(x, scale, zp, lo, hi, dtype)
+        return qd.dequantize_per_tensor.tensor(q, scale, zp, lo, hi, dtype)
+
+    return [QuantSample("choose_qparams", f"uint8_{variant}", chosen, qd.choose_qparams.tensor,
+                        "tensor"),
+            QuantSample("quantize_per_tensor", f"uint8_{variant}_dynamic", quantize,
+                        qd.quantize_per_tensor.tensor, "tensor"),
+            QuantSample("dequantize_per_tensor", f"uint8_{variant}_dynamic", codes,
+                        qd.dequantize_per_tensor.tensor, "tensor"),
+            QuantSample("choose_qparams", f"uint8_{variant}_chain", chosen, chain, "tensor")]
+
+
 def quant_samples() -> list[QuantSample]:
-    """Every sample, per tensor (uint8, int8) then per channel (axis 0, 1)."""
-    return [*_per_tensor("uint8"), *_per_tensor("int8"), *_per_channel(0), *_per_channel(1)]
+    """Every sample, per tensor (uint8, int8), per channel (axis 0, 1), then dynamic
+    (parameters chosen at run time, on signed and on positive activations)."""
+    return [*_per_tensor("uint8"), *_per_tensor("int8"), *_per_channel(0), *_per_channel(1),
+            *_dynamic("signed"), *_dynamic("positive")]
 
 
 def samples_for(names: Any) -> list[QuantSample]:
     """The samples ``names`` selects: ``quantized_decomposed`` (all), an op
-    (``quantized_decomposed.dequantize_per_tensor``, with or without ``.default``); none
+    (``quantized_decomposed.dequantize_per_tensor``, with or without an overload); none
     for None (a whole probe of OpInfos names no op)."""
     if names is None:
         return quant_samples()
     out = []
     for s in quant_samples():
-        full = f"{s.name}.default"
+        full = f"{s.name}.{s.overload}"
         if any(n in (NAMESPACE, s.name, full) for n in names):
             out.append(s)
     return out
