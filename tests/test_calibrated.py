@@ -488,7 +488,7 @@ def test_the_policy_runs_end_to_end_and_matches_eager(fresh_dynamo):
 def test_the_cells_cover_every_class_at_sizes():
     classes = {cls for _, cls, _ in CELLS}
     assert classes == {"call", "linear", "conv", "attention", "elementwise", "norm",
-                       "reduction", "block"}
+                       "reduction", "block", "qlinear", "qconv"}
     assert {name for name, cls, _ in CELLS if cls == "block"} == set(BLOCKS)
     assert set(BLOCKS.values()) == set(KINDS)
     assert sum(cls == "linear" for _, cls, _ in CELLS) == 3  # tiny, small, large

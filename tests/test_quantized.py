@@ -434,8 +434,7 @@ def test_inductor_folds_int8_weights_into_its_int8_kernels(fresh_dynamo, pt2e_mo
     torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
 
 
-def test_the_users_global_freezing_keeps_the_weights_frozen(fresh_dynamo, pt2e_models,
-                                                           monkeypatch):
+def test_the_users_global_freezing_keeps_the_weights_frozen(fresh_dynamo, pt2e_models):
     """The PT2E X86 recipe sets ``torch._inductor.config.freezing`` for the whole process.
     Under it (grad off) Dynamo makes the weights graph attributes, which AOTAutograd lifts
     into inputs ahead of the model's own: they are frozen all the same (``lifted_weights``),
@@ -443,16 +442,65 @@ def test_the_users_global_freezing_keeps_the_weights_frozen(fresh_dynamo, pt2e_m
     from torch._dynamo.utils import counters
 
     converted, x = pt2e_models["cnn"]
-    monkeypatch.setattr(torch._inductor.config, "freezing", True)
     counters.clear()
     be = arbiter.Arbiter({"backends": ["inductor"], "against_eager": "off"})
-    with torch.no_grad():
+    # config.patch, not monkeypatch: undoing a monkeypatch of a config module deletes
+    # the option (every later compile in the process failed: "freezing does not exist")
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
         out = torch.compile(converted, backend=be)(x)
         expected = converted(x)
     (part,) = be.report().graphs[0].partitions
     assert part.backend == "inductor", part
     assert counters["inductor"]["qconv_weight_prepack_matcher_count"] == 2
     torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
+
+
+# -- int8 in the calibration ---------------------------------------------------------------
+def test_int8_layers_are_their_own_op_classes():
+    """A linear or convolution whose weight is dequantized from int8 codes (through a
+    view) is of class ``qlinear``/``qconv``; the same layers in float keep theirs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from arbiter.measure.calibration_cells import CELLS
+    from arbiter.plan.predict import op_class
+
+    cells = {name: build for name, _, build in CELLS}
+    for name, want in (("int8 linear 128x768x768", "qlinear"), ("int8 conv 64ch 56x56", "qconv"),
+                       ("linear 16x256x256", "linear"), ("conv 16ch 28x28", "conv")):
+        fn, args = cells[name]()
+        gm = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+        got = {op_class(n) for n in gm.graph.nodes if n.op == "call_function"}
+        assert want in got, (name, got)
+        assert not ({"qlinear", "qconv"} & got) or want.startswith("q"), (name, got)
+
+
+def test_an_int8_layer_is_priced_by_its_cell_else_as_float():
+    from arbiter.plan.predict import BackendCalibration
+
+    floats = BackendCalibration(0, 0, {"linear": ((1e6, 100.0),)})
+    assert floats.op_us("qlinear", 1e6, True) == pytest.approx(100.0)  # no int8 cell
+    both = BackendCalibration(0, 0, {"linear": ((1e6, 100.0),), "qlinear": ((1e6, 25.0),)})
+    assert both.op_us("qlinear", 1e6, True) == pytest.approx(25.0)
+    assert both.op_us("linear", 1e6, True) == pytest.approx(100.0)
+
+
+def test_the_calibration_measures_the_int8_cells(make_backend):
+    """``arbiter calibrate`` times an int8 linear and convolution per backend (PT2E's
+    quantize/dequantize around them): Inductor compiles them to its int8 kernels."""
+    from torch._dynamo.utils import counters
+
+    from arbiter.measure.calibration_cells import CELLS, Calibrator, Measured
+
+    be = arbiter.Arbiter({"backends": ["inductor"], "against_eager": "off"})
+    int8 = {name for name, cls, _ in CELLS if cls in ("qlinear", "qconv")}
+    have = Measured({}, {}, {name: "not this test's" for name, _, _ in CELLS
+                             if name not in int8})
+    counters.clear()
+    got = Calibrator(be.planner, None, progress=False).run(["inductor"], {"inductor": have})
+    m = got["inductor"]
+    assert set(m.times_us) == int8 and not (set(m.refused) & int8), m.refused
+    assert counters["inductor"]["qlinear_weight_prepack_matcher_count"] == 1
+    assert counters["inductor"]["qconv_weight_prepack_matcher_count"] == 1
 
 
 def test_plans_running_int8_units_are_timed(make_backend):

@@ -343,7 +343,8 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
     for cls, cells in calib.cells.items():
         w, us = cells[-1]
         rate = w / us / 1e3  # work per us -> G per s
-        unit = "GFLOP/s" if cls in ("linear", "conv", "attention") else "GB/s"
+        unit = "GFLOP/s" if cls in ("linear", "conv", "attention", "qlinear", "qconv") \
+            else "GB/s"
         parts.append(f"{cls} {rate:.3g} {unit}")
     parts += [f"{kind} blocks x{f:.2f} of op by op" for kind, f in calib.factors.items()]
     if calib.observed_n:

@@ -58,6 +58,37 @@ def _conv(c: int, hw: int):
             (torch.randn(1, c, hw, hw),))
 
 
+def _quantized():
+    """torch's quantize/dequantize ops (``quantized_decomposed``), registered on import."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
+
+    return torch.ops.quantized_decomposed
+
+
+def _int8_weight(w: torch.Tensor):
+    """``w`` as PT2E keeps a weight: int8 codes, a scale and zero point per output channel."""
+    scales = w.abs().flatten(1).amax(1) / 127.0
+    shape = (-1, *[1] * (w.dim() - 1))
+    codes = torch.round(w / scales.reshape(shape)).clamp(-128, 127).to(torch.int8)
+    return codes, scales, torch.zeros(len(scales), dtype=torch.int64)
+
+
+def _int8(op: Callable, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor):
+    """``op(x, w, b)`` as a model through PT2E's X86InductorQuantizer holds it: the input
+    quantized to uint8 and dequantized, the int8 weight (a constant) dequantized per
+    channel, the layer in float between (what each backend fuses into its int8 kernel)."""
+    qd = _quantized()
+    codes, scales, zps = _int8_weight(w)
+    scale = float(x.abs().max()) / 127.5
+
+    def f(x):
+        xq = qd.quantize_per_tensor.default(x, scale, 128, 0, 255, torch.uint8)
+        xd = qd.dequantize_per_tensor.default(xq, scale, 128, 0, 255, torch.uint8)
+        wd = qd.dequantize_per_channel.default(codes, scales, zps, 0, -128, 127, torch.int8)
+        return (op(xd, wd, b),)
+    return f, (x,)
+
+
 def _attention():
     q, k, v = (torch.randn(1, 12, 128, 64) for _ in range(3))
     return (lambda q, k, v: (torch.nn.functional.scaled_dot_product_attention(q, k, v),),
@@ -135,6 +166,15 @@ CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("layer_norm 128x768", "norm", _norm),
     ("softmax+sum 12x128x128", "reduction", _reduction),
     ("conv 16ch 28x28", "conv", lambda: _conv(16, 28)),
+    # int8 layers as PT2E's convert_pt2e leaves them (a user's quantized model): a
+    # backend's int8 kernel, or its float layer with the dequantizes before it
+    ("int8 linear 128x768x768", "qlinear",
+     lambda: _int8(torch.nn.functional.linear, torch.randn(768, 768) / 768 ** 0.5,
+                   torch.randn(768), torch.randn(128, 768))),
+    ("int8 conv 64ch 56x56", "qconv",
+     lambda: _int8(lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
+                   torch.randn(64, 64, 3, 3) / 24.0, torch.randn(64),
+                   torch.randn(1, 64, 56, 56))),
     ("block: encoder layer 128x768", "block", _encoder_layer),
     ("block: bottleneck 256ch 28x28", "block", _bottleneck),
 ]

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..ops import is_getitem, op_name, packet_name
+from ..ops import is_dequantize, is_getitem, op_name, packet_name
 from .cost import CostTable, load_table, node_work
 from .partition import Plan
 
@@ -43,7 +43,17 @@ CLASSES: dict[str, frozenset[str]] = {
                             "var_mean", "argmax", "argmin", "logsumexp", "_softmax",
                             "_log_softmax", "_softmax_backward_data",
                             "_log_softmax_backward_data", "cumsum"}),
+    # a linear or convolution whose weight is dequantized int8 (a PT2E model's): named
+    # by ``op_class`` from the node's weight, not its packet; priced as its float class
+    # where the calibration has no cell of it
+    "qlinear": frozenset(),
+    "qconv": frozenset(),
 }
+#: The int8 classes and the float class each is priced as without a cell of its own.
+INT8_CLASSES = {"qlinear": "linear", "qconv": "conv"}
+#: Where the weight is among each linear/conv packet's arguments.
+_WEIGHT_ARG = {"mm": 1, "addmm": 2, "bmm": 1, "baddbmm": 2, "matmul": 1, "convolution": 1,
+               "_convolution": 1}
 #: Ops that move no data (views, metadata): their nodes cost only ``node_us``.
 FREE = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand",
                   "unsqueeze", "squeeze", "slice", "select", "alias", "detach",
@@ -81,6 +91,8 @@ class BackendCalibration:
         if cls == "free":
             return self.node_us
         us = self.class_us(cls, work)
+        if us is None and cls in INT8_CLASSES:
+            us = self.class_us(INT8_CLASSES[cls], work)
         if us is None and not flops:
             us = self.class_us("elementwise", work)
         return None if us is None else self.node_us + us
@@ -149,8 +161,30 @@ def op_class(node: torch.fx.Node) -> str:
         return "free"
     for cls, packets in CLASSES.items():
         if packet in packets:
+            if cls in ("linear", "conv") and _int8_weight(node, packet):
+                return "q" + cls
             return cls
     return "elementwise"
+
+
+def _int8_weight(node: torch.fx.Node, packet: str) -> bool:
+    """Whether the weight of a linear/conv ``node`` is dequantized from integer codes,
+    through views (a PT2E model's ``dequantize_per_channel`` then ``t``)."""
+    index = _WEIGHT_ARG.get(packet)
+    if index is None or len(node.args) <= index:
+        return False
+    arg = node.args[index]
+    for _ in range(4):
+        if not isinstance(arg, torch.fx.Node) or arg.op != "call_function":
+            return False
+        if is_dequantize(arg):
+            return True
+        target = arg.target
+        if not (isinstance(target, torch._ops.OpOverload)
+                and packet_name(op_name(target)).partition(".")[2] in FREE and arg.args):
+            return False
+        arg = arg.args[0]
+    return False
 
 
 def op_work(node: torch.fx.Node) -> tuple[str, float, float]:
@@ -188,7 +222,7 @@ def block_kind(works: list[tuple[str, float, float]]) -> str:
     """``conv`` when convolutions hold at least half of the FLOPs of ``works`` (nodes'
     ``op_work``), else ``matmul`` (see ``KINDS``)."""
     total = sum(flops for _, flops, _ in works)
-    conv = sum(flops for cls, flops, _ in works if cls == "conv")
+    conv = sum(flops for cls, flops, _ in works if cls in ("conv", "qconv"))
     return "conv" if total and conv >= total / 2 else "matmul"
 
 
