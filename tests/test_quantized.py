@@ -263,6 +263,52 @@ def test_a_deep_int8_output_is_judged_by_the_spread_of_rounding():
     assert not judge_outputs(gm, [x], expected, [expected[0] + 0.04 * noise]).ok
 
 
+def test_a_dynamically_quantized_output_is_judged_by_the_spread():
+    """Dynamic quantization's step is chosen on the call (``choose_qparams.tensor``): an
+    output it feeds has step 0 (not None: no float32-only judging), so another rounding
+    at the boundaries passes by the spread, and 2% off does not."""
+    from arbiter.run.checks.quantized import _Nudged, judge_outputs, output_steps
+
+    qd = _qd()
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(256, 256, generator=g) / 16, torch.randn(256, 256, generator=g) / 16
+
+    def qdq(t):
+        scale, zp = qd.choose_qparams.tensor(t, 0, 255, 2.0 ** -12, torch.uint8)
+        return qd.dequantize_per_tensor.tensor(
+            qd.quantize_per_tensor.tensor(t, scale, zp, 0, 255, torch.uint8),
+            scale, zp, 0, 255, torch.uint8)
+
+    def f(x):
+        h = torch.nn.functional.layer_norm(qdq(x) @ w1, (256,))
+        return (torch.nn.functional.layer_norm(qdq(h) @ w2, (256,)) * 20,)
+
+    x = torch.randn(64, 256, generator=g)
+    gm = make_fx(f)(x)
+    assert output_steps(gm) == [0.0]
+    expected = list(gm(x))
+
+    def other_order(offset):  # the same nudge's size, other draws
+        class OtherOrder(_Nudged):
+            def __init__(self, g):
+                super().__init__(g)
+                self.position = {n: i + offset for n, i in self.position.items()}
+        return list(OtherOrder(gm).run(x))
+
+    # few values lie near a boundary here: one draw of the spread flipped none of them
+    # where another draw flipped several (the spread takes the largest of SPREAD_DRAWS)
+    for offset in range(1000, 6000, 1000):
+        got = other_order(offset)
+        ok = judge_outputs(gm, [x], expected, got)
+        assert ok.ok, (offset, ok.detail)
+    got = other_order(1000)
+    assert float((got[0] - expected[0]).abs().max()) > 1e-3  # beyond float32's tolerance
+    ok = judge_outputs(gm, [x], expected, got)
+    assert "within the spread of int8 rounding" in ok.detail, ok.detail
+    off = judge_outputs(gm, [x], expected, [got[0] * 1.02])
+    assert not off.ok and "chosen on the call" in off.detail, off.detail
+
+
 def test_an_output_no_quantization_feeds_gets_the_float64_rejudge():
     """In a quantized partition, an output outside the quantized layers is judged as any
     partition's: a float32 row sum of 8192 terms in another order (beyond float32's
