@@ -74,18 +74,24 @@ def _int8_weight(w: torch.Tensor):
 
 
 def _int8(op: Callable, w: torch.Tensor, b: torch.Tensor, x: torch.Tensor):
-    """``op(x, w, b)`` as a model through PT2E's X86InductorQuantizer holds it: the input
-    quantized to uint8 and dequantized, the int8 weight (a constant) dequantized per
-    channel, the layer in float between (what each backend fuses into its int8 kernel)."""
+    """``op(x, w, b)`` as a model through PT2E's X86InductorQuantizer holds an inner layer:
+    the input quantized to uint8 and dequantized, the int8 weight (a constant) dequantized
+    per channel, the layer in float between, its output quantized again for the next
+    layer (what each backend fuses into its int8 kernel: ONNX Runtime only with that
+    last quantize, 1665 against 312 us for the linear here, Inductor 323 and 314)."""
     qd = _quantized()
     codes, scales, zps = _int8_weight(w)
     scale = float(x.abs().max()) / 127.5
+    with torch.no_grad():
+        out_scale = float(op(x, w, b).abs().max()) / 127.5
+
+    def qdq(t, s):
+        q = qd.quantize_per_tensor.default(t, s, 128, 0, 255, torch.uint8)
+        return qd.dequantize_per_tensor.default(q, s, 128, 0, 255, torch.uint8)
 
     def f(x):
-        xq = qd.quantize_per_tensor.default(x, scale, 128, 0, 255, torch.uint8)
-        xd = qd.dequantize_per_tensor.default(xq, scale, 128, 0, 255, torch.uint8)
         wd = qd.dequantize_per_channel.default(codes, scales, zps, 0, -128, 127, torch.int8)
-        return (op(xd, wd, b),)
+        return (qdq(op(qdq(x, scale), wd, b), out_scale),)
     return f, (x,)
 
 
