@@ -219,14 +219,20 @@ def test_quantized_outputs_are_judged_within_one_step():
     assert not judge_outputs(plain, [x], [x * 2], [x * 2 + 0.04]).ok
 
 
-def _two_int8_layers():
+def _two_int8_layers(dynamic: bool = False):
     """Two int8 layers, each a LayerNorm after it, the output scaled up: a value at a
-    rounding boundary flipped to the other code moves the output by more than a step."""
+    rounding boundary flipped to the other code moves the output by more than a step.
+    ``dynamic``: each activation's scale and zero point chosen on the call (uint8)."""
     qd = _qd()
     g = torch.Generator().manual_seed(0)
     w1, w2 = torch.randn(256, 256, generator=g) / 16, torch.randn(256, 256, generator=g) / 16
 
     def qdq(t, scale):
+        if dynamic:
+            scale, zp = qd.choose_qparams.tensor(t, 0, 255, 2.0 ** -12, torch.uint8)
+            return qd.dequantize_per_tensor.tensor(
+                qd.quantize_per_tensor.tensor(t, scale, zp, 0, 255, torch.uint8),
+                scale, zp, 0, 255, torch.uint8)
         return qd.dequantize_per_tensor.default(
             qd.quantize_per_tensor.default(t, scale, 0, -128, 127, torch.int8),
             scale, 0, -128, 127, torch.int8)
@@ -239,21 +245,27 @@ def _two_int8_layers():
     return make_fx(f)(x), x
 
 
+def _other_order(gm, x, offset: int = 1000) -> list:
+    """``gm`` run nudged as ``_spread`` nudges it, with other draws (another backend's
+    order of the float ops before each quantize)."""
+    from arbiter.run.checks.quantized import _Nudged
+
+    class OtherOrder(_Nudged):
+        def __init__(self, g):
+            super().__init__(g)
+            self.position = {n: i + offset for n, i in self.position.items()}
+    return list(OtherOrder(gm).run(x))
+
+
 def test_a_deep_int8_output_is_judged_by_the_spread_of_rounding():
     """Beyond one step: another backend's rounding at the boundaries (eager nudged with
     other draws) passes as within the spread of int8 rounding; 2% off, or noise of twice
     that spread, does not (run/checks/quantized.py, ``_spread``)."""
-    from arbiter.run.checks.quantized import _Nudged, judge_outputs
+    from arbiter.run.checks.quantized import judge_outputs
 
     gm, x = _two_int8_layers()
     expected = list(gm(x))
-
-    class OtherOrder(_Nudged):  # the same nudge's size, other draws
-        def __init__(self, g):
-            super().__init__(g)
-            self.position = {n: i + 1000 for n, i in self.position.items()}
-
-    got = list(OtherOrder(gm).run(x))
+    got = _other_order(gm, x)
     assert float((got[0] - expected[0]).abs().max()) > 0.05  # more than one step
     ok = judge_outputs(gm, [x], expected, got)
     assert ok.ok and "within the spread of int8 rounding" in ok.detail, ok.detail
@@ -267,41 +279,19 @@ def test_a_dynamically_quantized_output_is_judged_by_the_spread():
     """Dynamic quantization's step is chosen on the call (``choose_qparams.tensor``): an
     output it feeds has step 0 (not None: no float32-only judging), so another rounding
     at the boundaries passes by the spread, and 2% off does not."""
-    from arbiter.run.checks.quantized import _Nudged, judge_outputs, output_steps
+    from arbiter.run.checks.quantized import judge_outputs, output_steps
 
-    qd = _qd()
-    g = torch.Generator().manual_seed(0)
-    w1, w2 = torch.randn(256, 256, generator=g) / 16, torch.randn(256, 256, generator=g) / 16
-
-    def qdq(t):
-        scale, zp = qd.choose_qparams.tensor(t, 0, 255, 2.0 ** -12, torch.uint8)
-        return qd.dequantize_per_tensor.tensor(
-            qd.quantize_per_tensor.tensor(t, scale, zp, 0, 255, torch.uint8),
-            scale, zp, 0, 255, torch.uint8)
-
-    def f(x):
-        h = torch.nn.functional.layer_norm(qdq(x) @ w1, (256,))
-        return (torch.nn.functional.layer_norm(qdq(h) @ w2, (256,)) * 20,)
-
-    x = torch.randn(64, 256, generator=g)
-    gm = make_fx(f)(x)
+    gm, x = _two_int8_layers(dynamic=True)
     assert output_steps(gm) == [0.0]
     expected = list(gm(x))
-
-    def other_order(offset):  # the same nudge's size, other draws
-        class OtherOrder(_Nudged):
-            def __init__(self, g):
-                super().__init__(g)
-                self.position = {n: i + offset for n, i in self.position.items()}
-        return list(OtherOrder(gm).run(x))
 
     # few values lie near a boundary here: one draw of the spread flipped none of them
     # where another draw flipped several (the spread takes the largest of SPREAD_DRAWS)
     for offset in range(1000, 6000, 1000):
-        got = other_order(offset)
+        got = _other_order(gm, x, offset)
         ok = judge_outputs(gm, [x], expected, got)
         assert ok.ok, (offset, ok.detail)
-    got = other_order(1000)
+    got = _other_order(gm, x)
     assert float((got[0] - expected[0]).abs().max()) > 1e-3  # beyond float32's tolerance
     ok = judge_outputs(gm, [x], expected, got)
     assert "within the spread of int8 rounding" in ok.detail, ok.detail

@@ -30,7 +30,7 @@ from ..cache import Cache
 from ..errors import ArbiterError
 from .loadavg import load_average, load_per_core
 from ..ops import real_tensors
-from ..plan.predict import BackendCalibration, predict
+from ..plan.predict import INT8_CLASSES, BackendCalibration, predict
 from .calibration_cells import CELLS, Calibrator, Measured
 from .feedback import Feedback, correction, observations
 from .feedback import forget as forget_feedback
@@ -343,8 +343,8 @@ def backend_row(calib: Optional[BackendCalibration]) -> str:
     for cls, cells in calib.cells.items():
         w, us = cells[-1]
         rate = w / us / 1e3  # work per us -> G per s
-        unit = "GFLOP/s" if cls in ("linear", "conv", "attention", "qlinear", "qconv") \
-            else "GB/s"
+        flops = INT8_CLASSES.get(cls, cls) in ("linear", "conv", "attention")
+        unit = "GFLOP/s" if flops else "GB/s"
         parts.append(f"{cls} {rate:.3g} {unit}")
     parts += [f"{kind} blocks x{f:.2f} of op by op" for kind, f in calib.factors.items()]
     if calib.observed_n:

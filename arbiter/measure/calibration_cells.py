@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from .loadavg import load_per_core
-from ..ops import is_getitem
+from ..ops import is_getitem, register_namespaces
 from ..plan.partition import partition_graph
 from ..plan.predict import BackendCalibration, op_work
 
@@ -59,9 +59,8 @@ def _conv(c: int, hw: int):
 
 
 def _quantized():
-    """torch's quantize/dequantize ops (``quantized_decomposed``), registered on import."""
-    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
-
+    """torch's quantize/dequantize ops (``quantized_decomposed``), registered first."""
+    register_namespaces()
     return torch.ops.quantized_decomposed
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.fx
 
-from ..ops import is_dequantize, is_getitem, op_name, packet_name
+from ..ops import DATA_MOVES, is_dequantize, is_getitem, op_name, packet_name
 from .cost import CostTable, load_table, node_work
 from .partition import Plan
 
@@ -51,6 +51,7 @@ CLASSES: dict[str, frozenset[str]] = {
 }
 #: The int8 classes and the float class each is priced as without a cell of its own.
 INT8_CLASSES = {"qlinear": "linear", "qconv": "conv"}
+_INT8_OF = {base: cls for cls, base in INT8_CLASSES.items()}
 #: Where the weight is among each linear/conv packet's arguments.
 _WEIGHT_ARG = {"mm": 1, "addmm": 2, "bmm": 1, "baddbmm": 2, "matmul": 1, "convolution": 1,
                "_convolution": 1}
@@ -161,15 +162,16 @@ def op_class(node: torch.fx.Node) -> str:
         return "free"
     for cls, packets in CLASSES.items():
         if packet in packets:
-            if cls in ("linear", "conv") and _int8_weight(node, packet):
-                return "q" + cls
+            if cls in _INT8_OF and _int8_weight(node, packet):
+                return _INT8_OF[cls]
             return cls
     return "elementwise"
 
 
 def _int8_weight(node: torch.fx.Node, packet: str) -> bool:
     """Whether the weight of a linear/conv ``node`` is dequantized from integer codes,
-    through views (a PT2E model's ``dequantize_per_channel`` then ``t``)."""
+    through ops that only move it (``ops.DATA_MOVES``, as the partitioner's units follow
+    it: a PT2E model's ``dequantize_per_channel`` then ``t``)."""
     index = _WEIGHT_ARG.get(packet)
     if index is None or len(node.args) <= index:
         return False
@@ -179,9 +181,7 @@ def _int8_weight(node: torch.fx.Node, packet: str) -> bool:
             return False
         if is_dequantize(arg):
             return True
-        target = arg.target
-        if not (isinstance(target, torch._ops.OpOverload)
-                and packet_name(op_name(target)).partition(".")[2] in FREE and arg.args):
+        if packet_name(op_name(arg.target)) not in DATA_MOVES or not arg.args:
             return False
         arg = arg.args[0]
     return False
@@ -222,7 +222,7 @@ def block_kind(works: list[tuple[str, float, float]]) -> str:
     """``conv`` when convolutions hold at least half of the FLOPs of ``works`` (nodes'
     ``op_work``), else ``matmul`` (see ``KINDS``)."""
     total = sum(flops for _, flops, _ in works)
-    conv = sum(flops for cls, flops, _ in works if cls in ("conv", "qconv"))
+    conv = sum(flops for cls, flops, _ in works if INT8_CLASSES.get(cls, cls) == "conv")
     return "conv" if total and conv >= total / 2 else "matmul"
 
 

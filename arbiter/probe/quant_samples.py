@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
+from ..ops import register_namespaces
+
 NAMESPACE = "quantized_decomposed"
 
 
 def _ops() -> Any:
-    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
-
+    register_namespaces()
     return getattr(torch.ops, NAMESPACE)
 
 
