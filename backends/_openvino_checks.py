@@ -92,15 +92,21 @@ def _quantize_into_dequantize(node) -> Optional[str]:
 
 
 def _dequantize_of_quantized(node) -> Optional[str]:
-    """A dequantize of the quantize before it is half of a FakeQuantize; of integer codes
-    that are a graph input it returned them as integers (traced float32, the probe), and
-    of constant weights (PT2E's int8 weights) the 2026.4 frontend handed the codes on
-    undequantized ("MatMul ... i8" added to a float32 bias: conversion failed)."""
+    """A dequantize of the quantize before it is half of a FakeQuantize. Any other (a
+    constant int8 weight, PT2E's; codes read from an input) the frontend skipped, handing
+    the codes on undequantized: they become eager's arithmetic before conversion
+    (``_openvino_convert._dequantize_codes``), in float32 only."""
     codes = node.args[0] if node.args else None
     if isinstance(codes, torch.fx.Node) and is_quantize(codes):
         return None
-    return ("a dequantize only of the quantize before it (OpenVINO makes the pair a "
-            "FakeQuantize; of integer codes it read, weights included, it did not dequantize)")
+    if node.kwargs.get("out_dtype") not in (None, torch.float32):
+        return "a dequantize of integer codes to other than float32"
+    scales = node.args[1] if len(node.args) > 1 else None
+    val = scales.meta.get("val") if isinstance(scales, torch.fx.Node) else None
+    if val is not None and val.dtype != torch.float32:
+        return (f"a dequantize of integer codes with {val.dtype} scales (its arithmetic "
+                "is written for float32 scales)")
+    return None
 
 
 VALIDATORS = {

@@ -18,6 +18,7 @@ import operator
 
 import torch
 
+from arbiter.ops import is_dequantize, is_quantize
 from arbiter.shapes import bounds, expr, input_values, shape_env_of
 
 from ._export import export_program, quiet
@@ -92,10 +93,16 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
       Grouped heads (``enable_gqa``: key and value with fewer heads) are repeated to the
       query's first (``_repeat_heads``): OpenVINO's attention takes equal heads only
       ("key_input_correctness"), and its translation of the kernel failed on them too.
-      Random ones (``dropout_p`` > 0) never reach a backend."""
+      Random ones (``dropout_p`` > 0) never reach a backend;
+    * a PT2E dequantize of integer codes no quantize in the partition made (a constant
+      int8 weight, codes read from an input), its arithmetic (``_dequantize_codes``).
+      The frontend makes a quantize and the dequantize of it one FakeQuantize, and skips
+      any other dequantize: the codes went on undequantized ("MatMul ... i8").
+      OpenVINO's low-precision transformations take the weight's convert, subtract and
+      multiply for a dequantization, and run the layer in int8 (FullyConnected ``i8``)."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     view = torch.ops.aten.view.default if reshape else None
-    if not any(n.target in (view, flash) for n in gm.graph.nodes):
+    if not any(n.target in (view, flash) or _of_codes(n) for n in gm.graph.nodes):
         return gm
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
@@ -106,6 +113,8 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
             n.target = torch.ops.aten.reshape.default
         elif n.target is flash:
             _fuse_attention(graph, n)
+        elif _of_codes(n):
+            _dequantize_codes(graph, n)
     graph.lint()
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
@@ -135,6 +144,49 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         if u.args[1] == 0:
             u.replace_all_uses_with(sdpa)
         graph.erase_node(u)
+    graph.erase_node(node)
+
+
+def _of_codes(node: torch.fx.Node) -> bool:
+    """Whether ``node`` dequantizes codes that no quantize before it made."""
+    codes = node.args[0] if node.args else None
+    return is_dequantize(node) and not (isinstance(codes, torch.fx.Node) and is_quantize(codes))
+
+
+def _dequantize_codes(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replace one PT2E dequantize of codes by eager's arithmetic on them, float32:
+    ``(codes - zero_point) * scale``, per channel with the scales and zero points along
+    ``axis`` (the codes and zero points are integers below 2**24, exact in float32, so
+    the difference is eager's integer one). Other output dtypes and scales are refused
+    before (backends/_openvino_checks.py)."""
+    aten = torch.ops.aten
+    names = [a.name for a in node.target._schema.arguments]
+    bound = dict(zip(names, node.args), **node.kwargs)
+    codes = bound["input"]
+    rank = codes.meta["val"].dim()
+
+    def call(op, *args, **kwargs):
+        out = graph.call_function(op, args, kwargs)
+        vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+        out.meta["val"] = op(*vals, **kwargs)
+        return out
+
+    def along_axis(t: torch.fx.Node) -> torch.fx.Node:  # (C,) -> broadcast on axis
+        shape = [1] * rank
+        shape[bound["axis"] % rank] = -1
+        return call(aten.reshape.default, call(aten._to_copy.default, t,
+                                               dtype=torch.float32), shape)
+
+    with graph.inserting_before(node):
+        out = call(aten._to_copy.default, codes, dtype=torch.float32)
+        if "scales" in bound:  # per channel
+            if bound.get("zero_points") is not None:
+                out = call(aten.sub.Tensor, out, along_axis(bound["zero_points"]))
+            out = call(aten.mul.Tensor, out, along_axis(bound["scales"]))
+        else:
+            out = call(aten.sub.Tensor, out, bound["zero_point"])
+            out = call(aten.mul.Tensor, out, bound["scale"])
+    node.replace_all_uses_with(out)
     graph.erase_node(node)
 
 
