@@ -163,6 +163,11 @@ def _dequantize_codes(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     names = [a.name for a in node.target._schema.arguments]
     bound = dict(zip(names, node.args), **node.kwargs)
     codes = bound["input"]
+    if not all(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+               for a in node.all_input_nodes):
+        # left as it is, the frontend would hand the codes on undequantized
+        raise RuntimeError(f"{node.name}: a dequantize whose inputs have no traced values "
+                           "(its arithmetic cannot be written out for OpenVINO)")
     rank = codes.meta["val"].dim()
 
     def call(op, *args, **kwargs):
