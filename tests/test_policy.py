@@ -795,3 +795,31 @@ def test_a_decision_is_reused_for_other_weights_of_the_same_architecture(
             assert timed, "the first model's candidates were timed"
             timed.clear()
     assert timed == [] and chosen[0] == chosen[1]
+
+
+def test_a_sample_is_not_charged_for_what_the_candidate_before_it_left():
+    """Interleaved, a sample follows another candidate's, whose threads may still spin:
+    one untimed call (``LEAD_IN``) takes that. Here ``b`` leaves a 30 ms tail on the next
+    call of ``a`` (1 ms on its own): ``a`` is timed at its own cost, not at b's tail."""
+    from types import SimpleNamespace
+
+    from arbiter.measure.timing import Timing
+    from arbiter.plan.policy import Candidate
+
+    last = {"by": None}
+
+    def call(name: str, ms: float):
+        def fn(*args):
+            time.sleep((ms + (0.030 if name == "a" and last["by"] == "b" else 0.0)))
+            last["by"] = name
+        return fn
+
+    fns = {"a": call("a", 0.001), "b": call("b", 0.001)}
+    options = SimpleNamespace(warmup=2, repeats=3, max_repeats=3, time_budget_s=60.0,
+                              progress=False)
+    timing = Timing(options, lambda c: (fns[c.label], {}), "test")
+    cands = [Candidate("a", None, 1.0), Candidate("b", None, 1.0)]
+    for c in cands:
+        timing.prepare(c, [])
+    timing.rounds(cands, [], confident_stop=False)
+    assert cands[0].measured_ms < 5.0, timing.samples

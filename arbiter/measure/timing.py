@@ -43,6 +43,12 @@ FAR_APART = 1.15
 SAMPLE_S = 0.002
 #: At most this many calls make one sample.
 MAX_INNER = 50
+#: Untimed calls before each sample. Interleaved, a sample follows another candidate's,
+#: whose threads may still spin (OpenMP's, a session's pool) or whose data filled the
+#: caches: without one, the PT2E MLP's ONNX Runtime plan (0.45 ms a call on its own) was
+#: timed at 0.6-4.7 ms in three first calls and lost twice to plans twice its time; with
+#: one, 0.36-0.71 ms, ahead all three times (Intel Xeon VM, bench/README.md).
+LEAD_IN = 1
 
 #: How a candidate becomes a callable: its stitched graph and its pieces' records, the
 #: pieces shared with the other candidates of the graph.
@@ -199,7 +205,10 @@ class Timing:
     @staticmethod
     def sample(cand: Candidate, fn: Callable, inner: int, args: list) -> float:
         """One timing sample of ``cand``: milliseconds per call over ``inner`` calls
-        (the restores of a graph that writes its inputs left out: rerun.py)."""
+        (the restores of a graph that writes its inputs left out: rerun.py), after one
+        untimed call (``LEAD_IN``) that takes what the previous candidate left behind."""
+        for _ in range(LEAD_IN):
+            fn(*args)
         restored = restore_seconds(fn)
         t0 = time.perf_counter()
         for _ in range(inner):
