@@ -19,7 +19,8 @@ Each model runs in its own process with empty arbiter and Inductor caches (pin t
 calibration with ARBITER_CALIBRATION, or the first arbiter variant also calibrates). Printed per
 variant: its first call (compile) in s, the median call over ``--rounds`` interleaved
 rounds of ``--calls`` calls, the ratio of the fastest of Inductor with freezing, ONNX
-Runtime alone and OpenVINO alone to it (>= 1.0: at least as fast as the best of them),
+Runtime alone and OpenVINO alone to it (>= 1.0: at least as fast as the best of them;
+each variant's calls in a round follow one untimed call, as arbiter's own timing does),
 the converted eager's time over it, the largest difference from the converted eager in
 units of the model's last activation quantization step, top-1 agreement (classifiers),
 and what ran where (arbiter).
@@ -171,6 +172,7 @@ def one(name: str, variants: list[str], rounds: int, calls: int, dynamic: bool) 
             fns[v] = fn
         for _ in range(rounds):
             for v, fn in fns.items():
+                fn(x)  # untimed: takes what the variant before left (spinning threads)
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn(x)
