@@ -420,6 +420,59 @@ def test_openvino_runs_pt2e_models_in_int8(fresh_dynamo, pt2e_models, monkeypatc
         assert computed and set(computed) == {"u8"}, (name, ran)
 
 
+# -- quantization-aware training: the converted model ----------------------------------------
+class BNCNN(nn.Module):
+    """A convolution with batch norm (folded into it by the QAT flow's convert)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.c2, self.fc = nn.Conv2d(16, 32, 3, padding=1), nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.c2(torch.relu(self.bn(self.c1(x)))))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+@pytest.mark.slow  # convert_pt2e folds the QAT batch norm by pattern matching: 31-54 s here
+def test_a_qat_model_runs_on_a_backend(fresh_dynamo):
+    """torchao's QAT flow (prepare_qat_pt2e, a few training steps, convert_pt2e) leaves the
+    same quantize/dequantize ops as the post-training one: the converted model runs whole
+    on a backend, int8, within one quantization step of itself in eager (OpenVINO here;
+    `default` ran it on Inductor, `cpu_all` on OpenVINO, 1.7e-5 steps apart).
+    ``pytest.importorskip`` names what is missing."""
+    pytest.importorskip("torchao", reason="torchao (PT2E quantization) is not installed")
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 32, 32)
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config(is_qat=True))
+    prepared = prepare_qat_pt2e(torch.export.export(BNCNN().train(), (x,)).module(), quantizer)
+    opt = torch.optim.SGD(prepared.parameters(), lr=0.01)
+    for _ in range(3):
+        loss = prepared(torch.randn(8, 3, 32, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    move_exported_model_to_eval(prepared)
+    converted = convert_pt2e(prepared)
+    with torch.no_grad():
+        expected = converted(x)
+        compiled = torch.compile(converted, backend="arbiter",
+                                 options={"config": {"backends": ["openvino"],
+                                                     "against_eager": "off"}})
+        compiled(x)
+        out = compiled(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=_last_step(converted))
+    g = arbiter.report_for(compiled).graphs[0]
+    assert not [w for w in g.warnings if "quantize/dequantize" in w], g.warnings
+    assert [(p.backend, p.quantized) for p in g.partitions] == \
+        [("openvino", ["int8", "uint8"])], g.partitions
+
+
 # -- dynamic quantization: parameters chosen at run time -------------------------------------
 @pytest.mark.parametrize("config", ["default", "cpu_all"])
 def test_a_dynamically_quantized_model_runs_on_a_backend(fresh_dynamo, pt2e_models, config):
