@@ -10,11 +10,12 @@ from typing import Optional
 
 import torch
 
-from arbiter.ops import is_dequantize, is_quantize
+from arbiter.ops import is_dequantize
 from arbiter.plan.capability import used_outputs
 
 from ._edge_values import MEANS, POWS, VARIANCES, Validator, argument, empty_reduction, \
     integer_pow
+from ._openvino_convert import of_codes
 
 
 def _cat_of_legacy_empty(node) -> Optional[str]:
@@ -96,8 +97,7 @@ def _dequantize_of_quantized(node) -> Optional[str]:
     constant int8 weight, PT2E's; codes read from an input) the frontend skipped, handing
     the codes on undequantized: they become eager's arithmetic before conversion
     (``_openvino_convert._dequantize_codes``), in float32 only."""
-    codes = node.args[0] if node.args else None
-    if isinstance(codes, torch.fx.Node) and is_quantize(codes):
+    if not of_codes(node):
         return None
     if node.kwargs.get("out_dtype") not in (None, torch.float32):
         return "a dequantize of integer codes to other than float32"

@@ -102,7 +102,7 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
       multiply for a dequantization, and run the layer in int8 (FullyConnected ``i8``)."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     view = torch.ops.aten.view.default if reshape else None
-    if not any(n.target in (view, flash) or _of_codes(n) for n in gm.graph.nodes):
+    if not any(n.target in (view, flash) or of_codes(n) for n in gm.graph.nodes):
         return gm
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
@@ -113,7 +113,7 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
             n.target = torch.ops.aten.reshape.default
         elif n.target is flash:
             _fuse_attention(graph, n)
-        elif _of_codes(n):
+        elif of_codes(n):
             _dequantize_codes(graph, n)
     graph.lint()
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
@@ -147,8 +147,10 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     graph.erase_node(node)
 
 
-def _of_codes(node: torch.fx.Node) -> bool:
-    """Whether ``node`` dequantizes codes that no quantize before it made."""
+def of_codes(node: torch.fx.Node) -> bool:
+    """Whether ``node`` dequantizes codes that no quantize before it made: what
+    ``_dequantize_codes`` rewrites, and what the validators (backends/_openvino_checks.py)
+    take only in float32."""
     codes = node.args[0] if node.args else None
     return is_dequantize(node) and not (isinstance(codes, torch.fx.Node) and is_quantize(codes))
 
