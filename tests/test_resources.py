@@ -51,6 +51,7 @@ def run_py(body: str) -> dict:
 
 SESSIONS = """
     import json, numpy as np, onnxruntime, torch, arbiter
+    torch_before = torch.get_num_threads()
     before = status("Threads")  # the pools are made when the budget is applied
     be = arbiter.Arbiter({{"backends": ["onnxruntime"], "resources": {resources}}})
     be.apply_resources()  # done at the first graph otherwise
@@ -68,6 +69,7 @@ SESSIONS = """
             return ""
     env_allocators = entry("session.use_env_allocators")
     print(json.dumps({{"torch_threads": torch.get_num_threads(),
+                      "torch_before": torch_before,
                       "env_allocators": env_allocators,
                       "spinning": so.get_session_config_entry(
                           "session.intra_op.allow_spinning"),
@@ -85,9 +87,10 @@ def sessions(resources: str, n: int) -> dict:
     return run_py(SESSIONS.format(resources=resources, n=n))
 
 
-def test_budget_sets_torch_threads_and_one_ort_pool_without_workers():
+def test_budget_sizes_one_ort_pool_without_workers_and_leaves_torch_threads_alone():
     got = sessions("{'threads': 1}", 10)
-    assert got["torch_threads"] == 1
+    assert got["torch_threads"] == got["torch_before"]  # the user's, not the budget's
+    assert got["report"]["torch"]["intra_op_threads"] == got["torch_before"]
     # a pool of 1 thread per session has no workers, however many sessions there are
     assert got["added_threads"] == 0, got
     res = got["report"]
@@ -167,6 +170,7 @@ def test_shared_arena_is_used_and_keeps_memory_flat():
 def test_budget_is_applied_once_and_a_different_second_config_warns():
     got = run_py("""
         import json, warnings, torch, arbiter
+        torch_before = torch.get_num_threads()
         arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 1}}).apply_resources()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
@@ -174,13 +178,56 @@ def test_budget_is_applied_once_and_a_different_second_config_warns():
             same = len(w)
             arbiter.Arbiter({"backends": ["onnxruntime"], "resources": {"threads": 2}}).apply_resources()
         print(json.dumps({"same": same, "msgs": [str(x.message) for x in w],
-                          "torch_threads": torch.get_num_threads()}))
+                          "torch_threads": torch.get_num_threads(),
+                          "torch_before": torch_before}))
     """)
     assert got["same"] == 0
     assert len(got["msgs"]) == 1
     assert "threads=2 (in force: 1)" in got["msgs"][0]
     assert "stay" in got["msgs"][0]
-    assert got["torch_threads"] == 1
+    assert got["torch_threads"] == got["torch_before"]
+
+
+def test_the_user_s_torch_thread_count_is_kept_and_compiling_under_it_works():
+    """torch's thread count is the process's: set to 1 before torch.compile, the budget
+    follows it and nothing changes it. Before, the budget (made at the first graph,
+    inside Dynamo's trace) set it to every usable CPU, and Dynamo failed the call
+    ("Global num_threads state changed while dynamo tracing"); on a machine whose torch
+    default (physical cores) is below its logical CPUs that was every first call. A
+    config's own number that differs is said once, and torch's count still kept."""
+    got = run_py("""
+        import json, warnings, torch, arbiter
+        torch.set_num_threads(1)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        x = torch.randn(4, 8)
+        be = arbiter.Arbiter({"backends": ["onnxruntime"], "against_eager": "off"})
+        with torch.no_grad():
+            out = torch.compile(m, backend=be)(x)
+        rep = be.report(advice=False).resources
+        print(json.dumps({"ok": bool(torch.allclose(out, m(x), atol=1e-6)),
+                          "threads": torch.get_num_threads(),
+                          "budget": rep["budget"]["threads"],
+                          "ort": rep["onnxruntime"]["pool"]}))
+    """)
+    assert got["ok"] and got["threads"] == 1, got
+    assert got["budget"] == 1 and got["ort"].startswith("per session, 1 thread(s)"), got
+    if resources.cores() < 2:
+        pytest.skip("one usable CPU: a config's thread number cannot differ from torch's")
+    got = run_py("""
+        import json, warnings, torch, arbiter
+        torch.set_num_threads(1)
+        m = torch.nn.Linear(8, 4)
+        be = arbiter.Arbiter({"backends": ["onnxruntime"], "against_eager": "off",
+                              "resources": {"threads": 2}})
+        with warnings.catch_warnings(record=True) as w, torch.no_grad():
+            warnings.simplefilter("always")
+            torch.compile(m, backend=be)(torch.randn(4, 8))
+        print(json.dumps({"threads": torch.get_num_threads(),
+                          "msgs": [str(x.message) for x in w]}))
+    """)
+    assert got["threads"] == 1, got
+    said = [m for m in got["msgs"] if "torch.set_num_threads(2)" in m]
+    assert len(said) == 1 and "resources.threads: 2" in said[0], got["msgs"]
 
 
 def test_the_user_s_own_sessions_still_work_after_arbiter_compiled():
@@ -230,24 +277,28 @@ def test_config_errors_name_the_key_and_what_is_valid():
         arbiter.load_config({"backends": ["eager"], "resources": {"threads": 0}})
 
 
-def test_auto_threads_is_the_affinity_mask():
+def test_auto_threads_is_torch_s_own_count_within_the_affinity_mask():
     opts = arbiter.load_config({"backends": ["eager"]}).resources
-    assert resources.resolve(opts).threads == resources.cores()
+    assert resources.resolve(opts).threads == min(resources.cores(),
+                                                  torch.get_num_threads())
 
 
-def test_auto_threads_under_distributed_keep_the_ranks_share(monkeypatch):
-    """Several ranks on one host: `auto` takes no more than torch's thread count as the
-    process set it, nor than the cores divided among the host's ranks."""
+def test_auto_threads_follow_torch_s_count_and_the_ranks_share(monkeypatch):
+    """`auto` takes torch's thread count as the process set it, at most the usable CPUs,
+    and under torch.distributed at most the cores divided among the host's ranks."""
     opts = arbiter.load_config({"backends": ["eager"]}).resources
     before = torch.get_num_threads()
     monkeypatch.setattr(resources, "cores", lambda: 8)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     try:
         torch.set_num_threads(1)
-        assert resources.resolve(opts).threads == 8  # not distributed: every core
-        monkeypatch.setattr(resources, "_ranks", lambda: 2)
-        assert resources.resolve(opts).threads == 1  # the rank's own setting
+        assert resources.resolve(opts).threads == 1  # the process's own setting
         torch.set_num_threads(8)
+        assert resources.resolve(opts).threads == 8
+        monkeypatch.setattr(resources, "cores", lambda: 4)
+        assert resources.resolve(opts).threads == 4  # no more than the usable CPUs
+        monkeypatch.setattr(resources, "cores", lambda: 8)
+        monkeypatch.setattr(resources, "_ranks", lambda: 2)
         assert resources.resolve(opts).threads == 8
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
         assert resources.resolve(opts).threads == 2  # 8 cores, 4 ranks on this host
@@ -260,6 +311,7 @@ def test_auto_threads_under_distributed_keep_the_ranks_share(monkeypatch):
         assert resources.resolve(explicit).threads == min(2, usable_cpus())
     finally:
         torch.set_num_threads(before)
+        assert torch.get_num_threads() == before
 
 
 # -- zero-copy handoff ----------------------------------------------------------------

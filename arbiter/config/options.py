@@ -207,9 +207,10 @@ class ResourcesOptions(BaseModel):
 
     threads: Union[Literal["auto"], StrictInt] = Field(
         "auto", description="intra-op threads each backend may use while it runs "
-        "(partitions run one at a time); `auto`: the CPUs this process may run on (under "
-        "torch.distributed at most torch's own thread count and the host's share, "
-        "cores / LOCAL_WORLD_SIZE). "
+        "(partitions run one at a time); `auto`: torch's own thread count as the process "
+        "holds it, at most the CPUs this process may run on (under torch.distributed "
+        "also at most the host's share, cores / LOCAL_WORLD_SIZE). torch's count is the "
+        "user's and is never changed. "
         "More than that is reduced to it, with a warning (threads beyond the cores only "
         "compete; 100,000 once exhausted the host's process table)")
     spin: str = Field(

@@ -63,19 +63,24 @@ def _ranks() -> int:
 
 
 def auto_threads() -> int:
-    """``threads: auto``: the CPUs this process may run on; under torch.distributed
-    (several processes, each with its own budget) no more than torch's own thread count
-    as the process holds it (``torch.set_num_threads``, or ``OMP_NUM_THREADS``, which
-    torchrun sets to 1 for several processes per host) nor than the cores divided among
-    the host's ranks (``LOCAL_WORLD_SIZE``, set by torchrun): every rank taking every
-    core made a 2-rank DDP step 10x slower here (bench/README.md, training_ddp.py)."""
-    threads = cores()
-    if _ranks() > 1:
-        import torch
+    """``threads: auto``: torch's own intra-op thread count as the process holds it
+    (``torch.set_num_threads``, ``OMP_NUM_THREADS``, or torch's default: the physical
+    cores), at most the CPUs this process may run on; under torch.distributed (several
+    processes, each with its own budget) also at most the cores divided among the host's
+    ranks (``LOCAL_WORLD_SIZE``, set by torchrun): every rank taking every core made a
+    2-rank DDP step 10x slower here (bench/README.md, training_ddp.py).
 
-        local = os.environ.get("LOCAL_WORLD_SIZE", "")
-        share = threads // int(local) if local.isdigit() and int(local) > 0 else threads
-        threads = max(1, min(threads, torch.get_num_threads(), share))
+    torch's count is the user's: arbiter sizes its backends by it and never changes it.
+    Setting it from a compile broke the user's program: Dynamo asserts that the count
+    does not change while it traces, and ``backend="arbiter"`` makes its budget there, so
+    ``torch.set_num_threads(1)`` before ``torch.compile`` (or any machine whose torch
+    default, the physical cores, is below its logical CPUs) failed the first call."""
+    import torch
+
+    threads = max(1, min(cores(), torch.get_num_threads()))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if _ranks() > 1 and local.isdigit() and int(local) > 0:
+        threads = max(1, min(threads, cores() // int(local)))
     return threads
 
 
@@ -200,12 +205,18 @@ def in_force(backends: Iterable[Any] = ()) -> dict[str, Any]:
 
 
 def _configure_torch(budget: Budget) -> dict[str, Any]:
+    """torch's side of the budget, as it stands: its thread count is the user's and is
+    never changed (``auto_threads``); a config's number that differs is said once."""
     import torch
 
-    before = torch.get_num_threads()
-    if budget.coordinate and before != budget.threads:
-        torch.set_num_threads(budget.threads)
-    return {"intra_op_threads": torch.get_num_threads(), "was": before,
+    threads = torch.get_num_threads()
+    if budget.coordinate and threads != budget.threads:
+        warn_once(f"resources.threads: {budget.threads} sizes the backends' thread pools; "
+                  f"torch's own intra-op pool (eager ops between partitions) keeps the "
+                  f"{threads} thread(s) this process gave it. It is yours to set: "
+                  f"torch.set_num_threads({budget.threads}) before compiling",
+                  RuntimeWarning)
+    return {"intra_op_threads": threads, "set_by": "the process (never changed by arbiter)",
             "omp_wait_policy": omp_wait_policy(),
             "tqdm_monitor": _no_tqdm_monitor() if budget.coordinate else "tqdm's default"}
 
