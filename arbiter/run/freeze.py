@@ -7,7 +7,7 @@ for every module instance of a class, and weights change after the first call
 on every call, the frozen arguments the stitched module still receives
 (``WeightGuard``: each one's data pointer and version counter against the frozen
 tensor's, which is kept alive; buffers up to ``VALUE_CHECK_BYTES`` also byte for byte,
-in one numpy comparison). On a change it re-freezes (rebuilds the pieces around the new
+in one bytes comparison). On a change it re-freezes (rebuilds the pieces around the new
 weights), at most ``refreeze_limit`` times, then takes the weights as inputs for good;
 each event is logged and kept for the report (``WeightEvent``). Not seen: a write
 through ``p.data`` to a parameter or a large buffer. docs/design.md ("Frozen weights").
@@ -67,15 +67,18 @@ class WeightGuard:
         # The contiguous ones on the CPU are compared in one go: a call reaches the value
         # check only when every argument has its frozen tensor's data pointer (and
         # Dynamo's guards its shape, strides and dtype), so its bytes are the frozen
-        # tensor's memory, read here through byte views made once. numpy's, not torch's:
-        # torch's copy and comparison of ResNet-50's 300 KB wake its OpenMP pool (3 ms
-        # per call against ONNX Runtime's spinning threads); numpy's stay on this thread
-        # (31 us, against 84 us one by one with torch.equal; bench/README.md,
-        # "freeze_guard.py"). Bytes, not values: a NaN equals itself (by value, a buffer
-        # holding NaN was re-frozen at every call).
+        # tensor's memory, read here through byte views made once. Not torch's copy and
+        # comparison: for ResNet-50's 300 KB they wake its OpenMP pool (3 ms per call
+        # against ONNX Runtime's spinning threads). Not numpy's either (concatenate,
+        # array_equal), which cost 12 us for the PT2E CNN's 9 small buffers in a tight
+        # loop but 92-112 us inside a real call, right after the model's kernels left
+        # the caches cold: its Python-level checks and ufunc dispatch. Python's own
+        # ``b"".join`` of the views and one bytes comparison (memcmp) take 1.2 us / 13-14
+        # us there (bench/README.md, "freeze_guard.py"). Bytes, not values: a NaN equals
+        # itself (by value, a buffer holding NaN was re-frozen at every call).
         byte_views = [_bytes_of(tensors[k]) for k in small]
-        self._byte_views = [v for v in byte_views if v is not None]
-        self._byte_snapshot = _concat(self._byte_views) if self._byte_views else None
+        self._byte_views = [memoryview(v) for v in byte_views if v is not None]
+        self._byte_snapshot = b"".join(self._byte_views) if self._byte_views else None
         self._one_by_one = [(i, snap) for i, snap, v in
                             zip(self._valued, self._snapshots, byte_views) if v is None]
 
@@ -92,7 +95,7 @@ class WeightGuard:
         except (TypeError, AttributeError):  # not a tensor where a weight was
             return False
         if self._byte_snapshot is not None and \
-                not _np().array_equal(_concat(self._byte_views), self._byte_snapshot):
+                b"".join(self._byte_views) != self._byte_snapshot:
             return False
         for i, snap in self._one_by_one:
             if not torch.equal(args[i], snap):
@@ -135,10 +138,6 @@ def _np():
     import numpy
 
     return numpy
-
-
-def _concat(views: list):
-    return _np().concatenate(views)
 
 
 def _same_values(t: torch.Tensor, snapshot: torch.Tensor) -> bool:
