@@ -243,7 +243,7 @@ class Inductor(ExactNonfinite, Backend):
             # nothing to freeze: a user's global freezing would take the weight inputs
             # for constants (its oneDNN int8 pass fails on them)
             patches.setdefault("freezing", False)
-        context = _cacheable_context(gm)
+        context, fakes = _cacheable_context(gm, example)
         if patches.get("freezing"):
             # Inductor freezes only what it compiles without grad; its oneDNN int8
             # lowering warns about its own torch.tensor() copy, nothing the user did
@@ -251,7 +251,7 @@ class Inductor(ExactNonfinite, Backend):
         if context is not None:
             try:
                 with inductor_config.patch(patches), context:
-                    return compile_fx(gm, example)
+                    return compile_fx(gm, fakes)
             except Exception as exc:  # noqa: BLE001 - retried below without the context
                 # Seen on the small CNN's training forward: Inductor's scalar pass looked
                 # up a symbol the context's shape env does not know (KeyError). Compile
@@ -402,25 +402,39 @@ def autocast_graph(gm: torch.fx.GraphModule, example: list,
         return make_fx(run, tracing_mode="real")(*example)
 
 
-def _cacheable_context(gm: torch.fx.GraphModule):
-    """A tracing context around ``compile_fx``, with the fake mode (and shape env) the
-    graph was traced with.
+def _cacheable_context(gm: torch.fx.GraphModule, example: list):
+    """(a tracing context around ``compile_fx``, with the fake mode and shape env the
+    graph was traced with; the example inputs to compile with inside it).
 
     Pieces compile on their first call, outside Dynamo's and AOTAutograd's tracing
     context; without one, Inductor's own FX graph cache bypasses every graph ("No shape
     env") and a second process recompiles everything (measured on gpt2_tiny: 12.6 s warm
     vs 40 s cold, all three pieces bypassed; with this context they hit). The graph's
-    own fake mode is used, not a fresh one. Returns None where no context is needed or
-    possible (one is active already: a caller tracing; or the graph has no fake mode)."""
+    own fake mode is used, not a fresh one.
+
+    Inside that context AOTAutograd turns each *real* example input into a fake one with
+    *symbolic* sizes (the shape env is there), so a static partition was compiled with
+    size symbols wherever its guards did not pin them: the PT2E CNN's convolutions took
+    ``(8, 3, s18, s18)``, with kernels that read their sizes at run time. So a static
+    graph's real inputs are handed over as fake tensors of their own sizes and strides
+    (``static_shapes=True``), as Dynamo hands Inductor its static graphs; a symbolic
+    graph's ``example`` are its fake values already. Returns (None, ``example``) where no
+    context is needed or possible (one is active already: a caller tracing; or the graph
+    has no fake mode)."""
     from torch._guards import TracingContext, detect_fake_mode, tracing
 
     if TracingContext.try_get() is not None:
-        return None
+        return None, example
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     if fake_mode is None or fake_mode.shape_env is None:
-        return None  # nothing to key on: Inductor bypasses its cache
-    return tracing(TracingContext(fake_mode))
+        return None, example  # nothing to key on: Inductor bypasses its cache
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fakes = [fake_mode.from_tensor(t, static_shapes=True)
+             if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
+             for t in example]
+    return tracing(TracingContext(fake_mode)), fakes
 
 
 @contextlib.contextmanager
