@@ -20,7 +20,8 @@ calibration with ARBITER_CALIBRATION, or the first arbiter variant also calibrat
 variant: its first call (compile) in s, the median call over ``--rounds`` interleaved
 rounds of ``--calls`` calls, the ratio of the fastest of Inductor with freezing, ONNX
 Runtime alone and OpenVINO alone to it (>= 1.0: at least as fast as the best of them;
-each variant's calls in a round follow one untimed call, as arbiter's own timing does),
+each variant's calls in a round follow one untimed call, as arbiter's own timing does,
+and the variants take their turns in a new (seeded) order every round),
 the converted eager's time over it, the largest difference from the converted eager in
 units of the model's last activation quantization step, top-1 agreement (classifiers),
 and what ran where (arbiter).
@@ -38,6 +39,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -170,8 +172,16 @@ def one(name: str, variants: list[str], rounds: int, calls: int, dynamic: bool) 
                 row["warnings"] = [w[:160] for g in rep.graphs for w in g.warnings]
             out["rows"][v] = row
             fns[v] = fn
+        order = random.Random(0)
         for _ in range(rounds):
-            for v, fn in fns.items():
+            # a new order each round: what a variant's calls follow changes its time
+            # (OpenVINO's workers still spin after its run; the variant after it lost
+            # 0.1-0.2 ms of a 1 ms call in a fixed order), so no variant always follows
+            # the same one
+            names = list(fns)
+            order.shuffle(names)
+            for v in names:
+                fn = fns[v]
                 fn(x)  # untimed: takes what the variant before left (spinning threads)
                 start = time.perf_counter()
                 for _ in range(calls):
