@@ -54,6 +54,7 @@ class GraphCompiler:
         self.lock = threading.Lock()
         self._graphs: list[GraphRecord] = []
         self._frames: dict[int, set[int]] = {}  # Dynamo frame id -> its compile indices
+        self._sizes: dict[tuple, set] = {}  # (frame id, kind) -> its graphs' input sizes
 
     @property
     def graphs(self) -> list[GraphRecord]:
@@ -80,6 +81,9 @@ class GraphCompiler:
         plan_s = time.perf_counter() - start - (self.calibrations.measuring_s - calibrating)
         with self.lock:
             graph_id = len(self._graphs)
+            frame = own_frame(self._frames, _compile_id())
+            if frame is not None:
+                self._sizes.setdefault((frame[0], kind), set()).add(input_sizes(gm))
         label = f"graph {graph_id} ({kind})"
         # Pieces shared by every plan of this graph, by (chain, nodes): a partition that
         # two candidates have in common compiles once.
@@ -92,7 +96,7 @@ class GraphCompiler:
         with self.lock:
             record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
                                  frozenset(constants), owner=owner, symbols=syms,
-                                 frame=own_frame(self._frames, _compile_id()))
+                                 frame=frame)
             self._graphs.append(record)
         self.rule_watch.check(gm, kind, label)
         self._log(record, label, choice.outcome.policy)
@@ -140,10 +144,18 @@ class GraphCompiler:
                  policy, 0 if self.dry_run else sum(p.backend not in self.planner.inline
                                                     for p in plan.partitions))
         if record.frame and record.frame[1] >= 2 and not record.symbols:
-            log.warning("%s: Dynamo compiled this frame %d times (static shapes each time); "
-                        "past torch._dynamo.config.recompile_limit it runs the frame in "
-                        "eager without arbiter. torch.compile(dynamic=None or True) lets one "
-                        "symbolic graph serve every size", label, record.frame[1] + 1)
+            with self.lock:
+                resized = len(self._sizes.get((record.frame[0], record.kind), ())) > 1
+            why = ("with other input sizes (static shapes each time); past "
+                   "torch._dynamo.config.recompile_limit it runs the frame in eager without "
+                   "arbiter. torch.compile(dynamic=None or True) lets one symbolic graph "
+                   "serve every size" if resized else
+                   "with the same input sizes: a guard other than a size failed "
+                   "(TORCH_LOGS=recompiles names it; threads making a model's first calls "
+                   "at once do this); past torch._dynamo.config.recompile_limit it runs "
+                   "the frame in eager without arbiter")
+            log.warning("%s: Dynamo compiled this frame %d times %s", label,
+                        record.frame[1] + 1, why)
         quantized = quantization_warning(record, self.planner.backends)
         if quantized and not self.dry_run:
             log.warning("%s: %s", label, quantized)
@@ -202,6 +214,12 @@ def own_frame(frames: dict, frame: Optional[tuple[int, int]]) -> Optional[tuple[
     index = sum(1 for i in seen if i < frame[1])
     seen.add(frame[1])
     return (frame[0], index)
+
+
+def input_sizes(gm: torch.fx.GraphModule) -> tuple:
+    """The sizes of ``gm``'s tensor inputs, as traced (symbols as text)."""
+    return tuple(tuple(str(d) for d in v.shape) if isinstance(v, torch.Tensor) else None
+                 for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"))
 
 
 def _compile_id():
