@@ -3,6 +3,8 @@ a model that fails in eager, a report asked for before the first call, a damaged
 file given to `arbiter report`. Each test failed before its fix."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import textwrap
 import zipfile
 
@@ -150,37 +152,48 @@ def test_one_model_under_several_configs_is_no_recompile(make_backend, fresh_dyn
     assert "recompiles: " in bes[0].report(advice=False).summary()
 
 
-SCALE = 1
+@contextlib.contextmanager
+def _warnings_of_arbiter(caplog):
+    """caplog's handler on the ``arbiter`` logger itself, at WARNING: what another test
+    in the same worker left on that logger (its level, ``propagate``) changes nothing."""
+    logger = logging.getLogger("arbiter")
+    saved = logger.level
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.setLevel(saved)
 
 
 def test_a_recompile_with_the_same_sizes_is_not_sent_to_dynamic_shapes(make_backend,
                                                                        fresh_dynamo, caplog):
-    """A frame recompiled three times without any size changing (here a global the graph
-    reads; four threads making a model's first calls at once do the same) is told to look
-    at the failing guard, not to compile with dynamic shapes (before: "static shapes each
-    time ... torch.compile(dynamic=None or True) lets one symbolic graph serve every
-    size"); one whose sizes changed still gets that advice."""
-    global SCALE
+    """A frame recompiled three times without any size changing (here a string argument
+    Dynamo guards on; four threads making a model's first calls at once do the same) is
+    told to look at the failing guard, not to compile with dynamic shapes (before: "static
+    shapes each time ... torch.compile(dynamic=None or True) lets one symbolic graph serve
+    every size"); one whose sizes changed still gets that advice."""
     make_backend("nu_r", ["aten.mul.Tensor", "aten.add.Tensor"])
     be = arbiter.Arbiter({"backends": ["nu_r"], "min_block_size": 1})
 
-    def f(x):
-        return x * 2 + SCALE
+    def f(x, mode: str):
+        return x * 2 + len(mode)
 
     compiled = torch.compile(f, backend=be, dynamic=False)
     x = torch.randn(4)
-    try:
-        for SCALE in (1, 2, 3):
-            torch.testing.assert_close(compiled(x), x * 2 + SCALE)
-    finally:
-        SCALE = 1
+    with _warnings_of_arbiter(caplog):
+        for mode in ("a", "bb", "ccc"):
+            torch.testing.assert_close(compiled(x, mode), x * 2 + len(mode))
+    assert "recompiles: 2" in be.report(advice=False).summary()
     said = [r.getMessage() for r in caplog.records if "compiled this frame" in r.getMessage()]
     assert said and "with the same input sizes" in said[-1], said
     assert "dynamic=None or True" not in said[-1]
     caplog.clear()
     g = torch.compile(lambda t: t * 2 + 1, backend=be, dynamic=False)
-    for n in (2, 3, 5):
-        g(torch.randn(n))
+    with _warnings_of_arbiter(caplog):
+        for n in (2, 3, 5):
+            g(torch.randn(n))
     said = [r.getMessage() for r in caplog.records if "compiled this frame" in r.getMessage()]
     assert said and "with other input sizes" in said[-1] and "dynamic=None or True" in said[-1]
 
