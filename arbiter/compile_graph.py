@@ -146,14 +146,14 @@ class GraphCompiler:
         if record.frame and record.frame[1] >= 2 and not record.symbols:
             with self.lock:
                 resized = len(self._sizes.get((record.frame[0], record.kind), ())) > 1
-            why = ("with other input sizes (static shapes each time); past "
-                   "torch._dynamo.config.recompile_limit it runs the frame in eager without "
-                   "arbiter. torch.compile(dynamic=None or True) lets one symbolic graph "
-                   "serve every size" if resized else
+            limit = ("past torch._dynamo.config.recompile_limit it runs the frame in eager "
+                     "without arbiter")
+            why = (f"with other input sizes (static shapes each time); {limit}. "
+                   "torch.compile(dynamic=None or True) lets one symbolic graph serve every "
+                   "size" if resized else
                    "with the same input sizes: a guard other than a size failed "
                    "(TORCH_LOGS=recompiles names it; threads making a model's first calls "
-                   "at once do this); past torch._dynamo.config.recompile_limit it runs "
-                   "the frame in eager without arbiter")
+                   f"at once do this); {limit}")
             log.warning("%s: Dynamo compiled this frame %d times %s", label,
                         record.frame[1] + 1, why)
         quantized = quantization_warning(record, self.planner.backends)
@@ -219,7 +219,7 @@ def own_frame(frames: dict, frame: Optional[tuple[int, int]]) -> Optional[tuple[
 def input_sizes(gm: torch.fx.GraphModule) -> tuple:
     """The sizes of ``gm``'s tensor inputs, as traced (symbols as text)."""
     return tuple(tuple(str(d) for d in v.shape) if isinstance(v, torch.Tensor) else None
-                 for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"))
+                 for v in input_values(gm))
 
 
 def _compile_id():

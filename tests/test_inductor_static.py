@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import arbiter
+from arbiter.shapes import free_symbols
 
 
 class ConvPool(nn.Module):
@@ -58,15 +59,7 @@ def inner_inputs(monkeypatch):
 
 
 def _symbols(vals: list) -> set:
-    out: set = set()
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            for s in (*v.shape, *v.stride()):
-                if isinstance(s, torch.SymInt):
-                    out |= {str(x) for x in s.node.expr.free_symbols}
-        elif isinstance(v, torch.SymInt):
-            out |= {str(x) for x in v.node.expr.free_symbols}
-    return out
+    return {str(s) for s in free_symbols(vals)}
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])

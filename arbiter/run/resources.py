@@ -77,10 +77,11 @@ def auto_threads() -> int:
     default, the physical cores, is below its logical CPUs) failed the first call."""
     import torch
 
-    threads = max(1, min(cores(), torch.get_num_threads()))
+    usable = cores()
+    threads = max(1, min(usable, torch.get_num_threads()))
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     if _ranks() > 1 and local.isdigit() and int(local) > 0:
-        threads = max(1, min(threads, cores() // int(local)))
+        threads = max(1, min(threads, usable // int(local)))
     return threads
 
 
