@@ -121,6 +121,25 @@ def test_second_probe_adds_to_the_record():
     assert "aten.sin.default" in new["probe"]["failed"]
 
 
+def test_a_probe_of_every_opinfo_replaces_the_records_counts():
+    """Running the whole probe again on the same versions counts its samples once: the
+    record's totals were twice the samples when a second full run added to the first."""
+    from arbiter.probe import ProbeResult, SampleResult
+
+    r = ProbeResult("x", "x 1.0", str(torch.__version__), ["float32"], every_opinfo=True)
+    r.samples += [SampleResult("mul", "float32", ["aten.mul.Tensor"], "passed"),
+                  SampleResult("sin", "float32", ["aten.sin.default"], "failed")]
+    r.opinfos_done = r.opinfos_total = 2
+    r.passed["aten.mul.Tensor"] = {"float32"}
+    prev = {"torch": str(torch.__version__), "backend_version": "x 1.0", "opinfos": "2/2",
+            "dtypes_tried": ["float32"], "samples_passed": 1, "samples_failed": 1,
+            "samples_skipped": 0, "training_opinfos": "3/3", "training_samples_passed": 7}
+    new = manifest_update({"backend": "x", "ops": {"aten.mul.Tensor": {}}, "probe": prev}, r)
+    p = new["probe"]
+    assert (p["opinfos"], p["samples_passed"], p["samples_failed"]) == ("2/2", 1, 1)
+    assert (p["training_opinfos"], p["training_samples_passed"]) == ("3/3", 7)  # kept
+
+
 # -- the rule: declared dtypes minus those tried and never passed --------------------------
 def _sample(opinfo, dtype, ops, status):
     from arbiter.probe import SampleResult

@@ -58,7 +58,7 @@ def probe(backend: Backend, *, ops: Optional[Sequence[str]] = None,
                          "graphs are probed with static shapes, run)")
     result = ProbeResult(backend.name, str(backend.version()), str(torch.__version__),
                          list(dtypes), mode="build" if build_only else "run", dynamic=dynamic,
-                         grad=grad)
+                         grad=grad, every_opinfo=ops is None)
     p = Probe(backend, backend.manifest(), result, tolerances)
     infos = opinfos(ops)
     if grad:

@@ -37,6 +37,9 @@ class ProbeResult:
     opinfos_total: int = 0
     elapsed_s: float = 0.0
     stopped_early: bool = False
+    # every OpInfo was selected (no ``ops``): its counts replace a record's earlier ones
+    # instead of adding to them (a rerun would count every sample twice)
+    every_opinfo: bool = False
     mode: str = "run"  # "run": compiled, run, compared; "build": built only
     passed: dict[str, set] = field(default_factory=lambda: defaultdict(set))  # op -> dtypes
     # op -> {sample dtype: reason}, from failed samples whose graph is that op alone

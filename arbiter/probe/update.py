@@ -8,7 +8,8 @@ that passed (``manifest_dtypes``); an op that passed becomes ``verified: probed`
 versions are the same); an op whose samples alone failed in every dtype it allowed is
 removed; outputs found wrong one by one (unreturned, or saved by a training forward) become
 ``wrong_outputs``; ops a training graph passed (``--grad``) get ``training_dtypes``; the
-``probe:`` record adds up runs (a training probe's counts apart: ``training_*``).
+``probe:`` record adds up runs of named OpInfos (``--ops``) and starts again at a run of
+every OpInfo (a training probe's counts apart: ``training_*``).
 A build-only probe (``ProbeResult.mode == "build"``) writes ``verified: built`` and
 ``built_dtypes`` instead (an entry already ``probed`` stays so: running says more).
 """
@@ -194,9 +195,12 @@ COUNTS = ("opinfos", "samples_passed", "samples_failed", "samples_skipped")
 
 def _counts(prev: dict, result: ProbeResult, prefix: str) -> dict:
     """The record's counts of one kind of probe: this one's added to ``prev``'s when it is
-    that kind, ``prev``'s as they were otherwise (none when empty)."""
+    that kind, ``prev``'s as they were otherwise (none when empty). A probe of every
+    OpInfo replaces that kind's counts: it ran again what they counted."""
     if prefix != ("training_" if result.grad else ""):
         return {f"{prefix}{k}": prev[f"{prefix}{k}"] for k in COUNTS if f"{prefix}{k}" in prev}
+    if result.every_opinfo:
+        prev = {}
     c = result.counts()
     run = f"{result.opinfos_done}/{result.opinfos_total}"
     before = prev.get(f"{prefix}opinfos")
