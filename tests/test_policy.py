@@ -551,6 +551,34 @@ def test_mixing_at_module_boundaries_wins_and_the_cache_replays_it(
     assert placed2 == placed
 
 
+class CountingStack(Stack):
+    """Stack that counts its calls in a buffer it writes in place (as a KV cache's
+    position is): the mixing probes run the graph many times on its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return super().forward(x) + self.calls
+
+
+def test_mixing_probes_leave_the_state_to_the_users_call(mixers, tmp_path, fresh_dynamo,
+                                                         monkeypatch):
+    _slow_eager(monkeypatch)
+    torch.manual_seed(0)
+    model, ref = CountingStack().eval(), CountingStack().eval()
+    be = arbiter.Arbiter(_mix_config(tmp_path))
+    compiled = torch.compile(model, backend=be)
+    for step in range(1, 4):
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), ref(x))
+        assert float(model.calls) == float(ref.calls) == step
+    out = _graph(be).outcome
+    assert out.mix is not None and out.mix.whole_ms, out.candidates_ms  # probes ran
+
+
 def test_mixing_off_or_without_a_gain_keeps_a_whole_graph_candidate(
         mixers, make_backend, tmp_path, fresh_dynamo, monkeypatch):
     _slow_eager(monkeypatch)

@@ -25,7 +25,8 @@ from ..plan.planner import Planner
 from ..plan.policy import ONLY, Candidate
 from ..plan.segments import Segment, pair_kind, probe_layouts
 from ..run.piece import Piece
-from .timing import Timing, pieces_of
+from .rerun import restore_seconds
+from .timing import LEAD_IN, Timing, pieces_of
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,10 @@ class ProbePlan:
     pieces: list[tuple[Piece, Target]]
 
     def sample(self, args: list, into: Samples) -> None:
-        """One run, each probe piece's own time."""
+        """One run, each probe piece's own time, after untimed calls (``LEAD_IN``) that
+        take what the previous entry left behind (threads still spinning, caches)."""
+        for _ in range(LEAD_IN):
+            self.fn(*args)
         for piece, _ in self.pieces:
             piece.timed = True
         before = [piece.record.run_s for piece, _ in self.pieces]
@@ -78,9 +82,15 @@ class WholeGraph:
     label: str
 
     def sample(self, args: list, into: Samples) -> None:
+        """One call end to end after the lead-in calls, as ``Timing.sample`` takes it (the
+        restores of a graph that writes its inputs left out)."""
+        for _ in range(LEAD_IN):
+            self.fn(*args)
+        restored = restore_seconds(self.fn)
         t0 = time.perf_counter()
         self.fn(*args)
-        into.whole.setdefault(self.label, []).append((time.perf_counter() - t0) * 1e3)
+        took = time.perf_counter() - t0 - (restore_seconds(self.fn) - restored)
+        into.whole.setdefault(self.label, []).append(took * 1e3)
 
 
 @dataclass
