@@ -284,6 +284,62 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
     assert out.candidates_ms[out.chosen] == 4.0
 
 
+def test_partition_times_leave_out_the_lead_in_call(slow_fast, tmp_path, fresh_dynamo):
+    """A partition's measured time (the report's, and what feeds back into the cost table)
+    is one call's: the untimed lead-in call before each sample is not in it (with it, a
+    call of one sample was counted twice: the 'slow' backend's 10 ms came out 20 ms)."""
+    from arbiter.measure.timing import LEAD_IN_UNDER_S, SAMPLE_S
+
+    assert SAMPLE_S < SLOW_S < LEAD_IN_UNDER_S  # one call a sample, after a lead-in call
+    be = arbiter.Arbiter(_config(tmp_path, refine=False, mix=False))
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    (slow,) = [ms["slow"] for ms in out.measured_ms.values() if "slow" in ms]
+    whole = out.candidates_ms["only slow"]  # the candidate's own samples: one call each
+    assert SLOW_S * 1e3 <= slow <= whole * 1.3, (out.measured_ms, out.candidates_ms)
+
+
+@pytest.mark.parametrize("long_call", [False, True])
+def test_only_short_calls_get_a_lead_in(make_backend, tmp_path, fresh_dynamo, monkeypatch,
+                                        long_call):
+    """A lead-in call before each sample, unless the candidate's call takes
+    LEAD_IN_UNDER_S or more (here lowered below the backend's 4 ms): then a sample is its
+    one timed call."""
+    from arbiter.measure import timing
+
+    calls = []
+
+    def counted(self, gm, example_inputs):
+        def fn(*args):
+            calls.append(1)
+            time.sleep(SLOW_S)
+            return gm(*args)
+        return fn
+
+    make_backend("slow", OPS, compile=counted)
+    make_backend("fast", OPS)
+    if long_call:
+        monkeypatch.setattr(timing, "LEAD_IN_UNDER_S", SLOW_S / 2)
+    real, samples = timing.Timing.sample, []
+
+    def sample(cand, fn, inner, args):
+        if "only slow" in cand.labels:
+            assert inner == 1
+            samples.append(1)
+        return real(cand, fn, inner, args)
+
+    monkeypatch.setattr(timing.Timing, "sample", staticmethod(sample))
+    be = arbiter.Arbiter({**_config(tmp_path, refine=False, mix=False),
+                          "verify": {"mode": "off"}})  # its check would run slow once more
+    torch.compile(f, backend=be)(torch.randn(4, 8))
+    out = _graph(be).outcome
+    warm = 2  # prepare's calls: the compiling one and the one that sizes the samples
+    per_sample = 1 if long_call else 1 + timing.LEAD_IN
+    installed = 1 if "slow" in out.chosen else 0  # the user's call, when it won
+    assert samples and len(calls) == warm + len(samples) * per_sample + installed, \
+        (len(calls), len(samples), out.chosen)
+
+
 def _constant(costs):
     def sample(cand, fn, inner, args):
         fn(*args)

@@ -80,11 +80,12 @@ class WholeGraph:
 
     fn: Callable
     label: str
+    lead_in: int = LEAD_IN  # as its candidate was timed (``Ready.lead_in``)
 
     def sample(self, args: list, into: Samples) -> None:
-        """One call end to end after the lead-in calls, as ``Timing.sample`` takes it (the
+        """One call end to end after the lead-in calls, as ``Timing.rounds`` takes it (the
         restores of a graph that writes its inputs left out)."""
-        for _ in range(LEAD_IN):
+        for _ in range(self.lead_in):
             self.fn(*args)
         restored = restore_seconds(self.fn)
         t0 = time.perf_counter()
@@ -125,8 +126,9 @@ class Probes:
         if not probes:
             return None
         labels = {c.label: c.labels for c in whole}
-        refs = [WholeGraph(self._timing.ready[c.label].fn, c.label) for c in whole
-                if c.label in self._timing.ready]
+        ready = self._timing.ready
+        refs = [WholeGraph(ready[c.label].fn, c.label, ready[c.label].lead_in) for c in whole
+                if c.label in ready]
         samples = self._rounds([*probes, *refs], args)
         compiles: dict[str, list[float]] = {}
         for probe in probes:

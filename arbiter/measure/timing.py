@@ -49,6 +49,13 @@ MAX_INNER = 50
 #: timed at 0.6-4.7 ms in three first calls and lost twice to plans twice its time; with
 #: one, 0.36-0.71 ms, ahead all three times (Intel Xeon VM, bench/README.md).
 LEAD_IN = 1
+#: ... for candidates whose call takes less than this. What the lead-in takes (threads
+#: still spinning after the previous candidate, about a millisecond at most since
+#: spinning sessions stop when their run returns; caches) is a few percent of a call this
+#: long or longer, while a lead-in call doubles such a sample's cost: a BERT-style
+#: training step's forward (two candidates at ~350 ms a call, 15 rounds) spent 22 s of
+#: its first step timing with lead-ins (Intel Xeon VM, 2026-11-29), half of it on them.
+LEAD_IN_UNDER_S = 0.05
 
 #: How a candidate becomes a callable: its stitched graph and its pieces' records, the
 #: pieces shared with the other candidates of the graph.
@@ -64,6 +71,7 @@ class Ready:
     fn: Callable
     pieces: list[Piece]
     inner: int  # calls per sample
+    lead_in: int = LEAD_IN  # untimed calls before each sample
 
 
 class Timing:
@@ -128,7 +136,8 @@ class Timing:
         once = time.perf_counter() - t0
         # a sample of at least SAMPLE_S: a single call of a microsecond graph is noise
         inner = max(1, min(MAX_INNER, int(SAMPLE_S / max(once, 1e-9))))
-        self.ready[cand.label] = Ready(fn, pieces_of(fn), inner)
+        self.ready[cand.label] = Ready(fn, pieces_of(fn), inner,
+                                       LEAD_IN if once < LEAD_IN_UNDER_S else 0)
         took = time.perf_counter() - start
         self.compiled_s += took
         for label in cand.labels:
@@ -183,6 +192,10 @@ class Timing:
             shift = r % len(timing)
             for cand in timing[shift:] + timing[:shift]:
                 ready = self.ready[cand.label]
+                # untimed calls first (``LEAD_IN``: they take what the previous candidate
+                # left behind); the pieces' own times start after them
+                for _ in range(ready.lead_in):
+                    ready.fn(*args)
                 for p in ready.pieces:
                     p.timed = True
                 before = {p: p.record.run_s for p in ready.pieces}
@@ -205,10 +218,8 @@ class Timing:
     @staticmethod
     def sample(cand: Candidate, fn: Callable, inner: int, args: list) -> float:
         """One timing sample of ``cand``: milliseconds per call over ``inner`` calls
-        (the restores of a graph that writes its inputs left out: rerun.py), after one
-        untimed call (``LEAD_IN``) that takes what the previous candidate left behind."""
-        for _ in range(LEAD_IN):
-            fn(*args)
+        (the restores of a graph that writes its inputs left out: rerun.py). ``rounds``
+        makes the lead-in calls before it."""
         restored = restore_seconds(fn)
         t0 = time.perf_counter()
         for _ in range(inner):
