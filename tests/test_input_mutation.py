@@ -92,6 +92,25 @@ def test_timing_runs_leave_the_state_to_the_users_call(make_backend, fresh_dynam
     assert len(g.candidates_ms) >= 2, str(g)  # the graph was timed, many runs
 
 
+@pytest.mark.parametrize("verify", [{"mode": "first"}, {"mode": "every", "every_n": 1}])
+def test_checks_against_eager_leave_the_state_to_the_users_call(make_backend, fresh_dynamo,
+                                                                verify):
+    """A first-use check (and mode `every`'s, on each call here) runs eager beside the
+    backend on the partition's inputs: the user's buffers are still written once. The
+    backend offers `copy_` too; the writes into the user's buffers stay in eager after
+    its partition (``ops.is_mutating``), which the checks never run twice."""
+    make_backend("mutchk", OPS + ["aten.index_copy.default", "aten.copy_.default"])
+    be = arbiter.Arbiter({"backends": ["mutchk"], "min_block_size": 1,
+                          "cache": {"enabled": False}, "against_eager": "off",
+                          "verify": verify})
+    _against_eager(be)
+    (g,) = be.report(advice=False).graphs
+    mine = [p for p in g.partitions if p.backend == "mutchk"]
+    assert not any("copy_" in n for p in mine for n in p.node_names), str(g)
+    checks = sum(p.verify_checks for p in mine)
+    assert checks >= (3 if verify["mode"] == "every" else 1), str(g)  # they ran
+
+
 def test_precision_acceptance_runs_leave_the_state_to_the_users_call(make_backend,
                                                                      fresh_dynamo):
     from tests.test_precision import _lowering
