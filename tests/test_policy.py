@@ -635,6 +635,31 @@ def test_mixing_probes_leave_the_state_to_the_users_call(mixers, tmp_path, fresh
     assert out.mix is not None and out.mix.whole_ms, out.candidates_ms  # probes ran
 
 
+@pytest.mark.parametrize("long_call", [False, True])
+def test_mixing_probes_take_a_lead_in_as_timing_does(mixers, tmp_path, fresh_dynamo,
+                                                    monkeypatch, long_call):
+    """The segment probes and their whole-graph references get the lead-in call that
+    ``Timing`` gives a candidate of their call time: none past LEAD_IN_UNDER_S."""
+    from arbiter.measure import probes, timing
+
+    _slow_eager(monkeypatch)
+    under = 0.0 if long_call else 10.0  # every call here a long one, or a short one
+    monkeypatch.setattr(timing, "LEAD_IN_UNDER_S", under)
+    monkeypatch.setattr(probes, "LEAD_IN_UNDER_S", under)
+    seen = set()
+    for cls in (probes.ProbePlan, probes.WholeGraph):
+        real = cls.sample
+
+        def sample(self, args, into, real=real):
+            seen.add((type(self).__name__, self.lead_in))
+            return real(self, args, into)
+        monkeypatch.setattr(cls, "sample", sample)
+    be = arbiter.Arbiter(_mix_config(tmp_path))
+    torch.compile(Stack().eval(), backend=be)(torch.randn(4, 16))
+    want = 0 if long_call else timing.LEAD_IN
+    assert seen == {("ProbePlan", want), ("WholeGraph", want)}, seen
+
+
 def test_mixing_off_or_without_a_gain_keeps_a_whole_graph_candidate(
         mixers, make_backend, tmp_path, fresh_dynamo, monkeypatch):
     _slow_eager(monkeypatch)

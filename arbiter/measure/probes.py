@@ -26,7 +26,7 @@ from ..plan.policy import ONLY, Candidate
 from ..plan.segments import Segment, pair_kind, probe_layouts
 from ..run.piece import Piece
 from .rerun import restore_seconds
-from .timing import LEAD_IN, Timing, pieces_of
+from .timing import LEAD_IN, LEAD_IN_UNDER_S, Timing, pieces_of
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,12 @@ class ProbePlan:
 
     fn: Callable
     pieces: list[tuple[Piece, Target]]
+    lead_in: int = LEAD_IN  # none for a call of LEAD_IN_UNDER_S or more, as in Timing
 
     def sample(self, args: list, into: Samples) -> None:
         """One run, each probe piece's own time, after untimed calls (``LEAD_IN``) that
         take what the previous entry left behind (threads still spinning, caches)."""
-        for _ in range(LEAD_IN):
+        for _ in range(self.lead_in):
             self.fn(*args)
         for piece, _ in self.pieces:
             piece.timed = True
@@ -177,7 +178,9 @@ class Probes:
             try:
                 fn, _ = timing.build(probe)
                 for _ in range(max(1, timing.options.warmup)):
+                    t0 = time.perf_counter()
                     fn(*args)
+                once = time.perf_counter() - t0  # the last warm-up call's
             except Exception as exc:  # noqa: BLE001 - a probe is never the answer
                 log.info("%s: mixing: %s failed: %s: %s", self._label, probe.label,
                          type(exc).__name__, exc)
@@ -195,7 +198,7 @@ class Probes:
                 kind = segs[inst[0]].kind if len(inst) == 1 else pair_kind(segs, inst[0])
                 pieces.append((piece, Target(len(inst), kind, b)))
             if pieces:
-                probes.append(ProbePlan(fn, pieces))
+                probes.append(ProbePlan(fn, pieces, LEAD_IN if once < LEAD_IN_UNDER_S else 0))
         return probes
 
     def _layout_plan(self, segs: list[Segment], instances: list[tuple[int, ...]],
