@@ -285,9 +285,9 @@ def test_a_refinement_step_must_win_twice(slow_fast, tmp_path, monkeypatch, fres
 
 
 def test_partition_times_leave_out_the_lead_in_call(slow_fast, tmp_path, fresh_dynamo):
-    """A partition's measured time (the report's, and what feeds back into the cost table)
-    is one call's: the untimed lead-in call before each sample is not in it (with it, a
-    call of one sample was counted twice: the 'slow' backend's 10 ms came out 20 ms)."""
+    """A partition's measured time (the report's per-partition milliseconds) is one
+    call's: the untimed lead-in call before each sample is not in it (with it, a sample of
+    one call was counted twice: the 'slow' backend's 4 ms came out 9.2-9.9 ms)."""
     from arbiter.measure.timing import LEAD_IN_UNDER_S, SAMPLE_S
 
     assert SAMPLE_S < SLOW_S < LEAD_IN_UNDER_S  # one call a sample, after a lead-in call
