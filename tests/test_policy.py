@@ -645,7 +645,6 @@ def test_mixing_probes_take_a_lead_in_as_timing_does(mixers, tmp_path, fresh_dyn
     _slow_eager(monkeypatch)
     under = 0.0 if long_call else 10.0  # every call here a long one, or a short one
     monkeypatch.setattr(timing, "LEAD_IN_UNDER_S", under)
-    monkeypatch.setattr(probes, "LEAD_IN_UNDER_S", under)
     seen = set()
     for cls in (probes.ProbePlan, probes.WholeGraph):
         real = cls.sample

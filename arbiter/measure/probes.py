@@ -25,8 +25,7 @@ from ..plan.planner import Planner
 from ..plan.policy import ONLY, Candidate
 from ..plan.segments import Segment, pair_kind, probe_layouts
 from ..run.piece import Piece
-from .rerun import restore_seconds
-from .timing import LEAD_IN, LEAD_IN_UNDER_S, Timing, pieces_of
+from .timing import LEAD_IN, Timing, lead_in, ms_per_call, pieces_of
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class ProbePlan:
 
     fn: Callable
     pieces: list[tuple[Piece, Target]]
-    lead_in: int = LEAD_IN  # none for a call of LEAD_IN_UNDER_S or more, as in Timing
+    lead_in: int = LEAD_IN  # as ``timing.lead_in`` gives for its call time
 
     def sample(self, args: list, into: Samples) -> None:
         """One run, each probe piece's own time, after untimed calls (``LEAD_IN``) that
@@ -88,11 +87,7 @@ class WholeGraph:
         restores of a graph that writes its inputs left out)."""
         for _ in range(self.lead_in):
             self.fn(*args)
-        restored = restore_seconds(self.fn)
-        t0 = time.perf_counter()
-        self.fn(*args)
-        took = time.perf_counter() - t0 - (restore_seconds(self.fn) - restored)
-        into.whole.setdefault(self.label, []).append(took * 1e3)
+        into.whole.setdefault(self.label, []).append(ms_per_call(self.fn, 1, args))
 
 
 @dataclass
@@ -198,7 +193,7 @@ class Probes:
                 kind = segs[inst[0]].kind if len(inst) == 1 else pair_kind(segs, inst[0])
                 pieces.append((piece, Target(len(inst), kind, b)))
             if pieces:
-                probes.append(ProbePlan(fn, pieces, LEAD_IN if once < LEAD_IN_UNDER_S else 0))
+                probes.append(ProbePlan(fn, pieces, lead_in(once)))
         return probes
 
     def _layout_plan(self, segs: list[Segment], instances: list[tuple[int, ...]],

@@ -136,8 +136,7 @@ class Timing:
         once = time.perf_counter() - t0
         # a sample of at least SAMPLE_S: a single call of a microsecond graph is noise
         inner = max(1, min(MAX_INNER, int(SAMPLE_S / max(once, 1e-9))))
-        self.ready[cand.label] = Ready(fn, pieces_of(fn), inner,
-                                       LEAD_IN if once < LEAD_IN_UNDER_S else 0)
+        self.ready[cand.label] = Ready(fn, pieces_of(fn), inner, lead_in(once))
         took = time.perf_counter() - start
         self.compiled_s += took
         for label in cand.labels:
@@ -220,12 +219,7 @@ class Timing:
         """One timing sample of ``cand``: milliseconds per call over ``inner`` calls
         (the restores of a graph that writes its inputs left out: rerun.py). ``rounds``
         makes the lead-in calls before it."""
-        restored = restore_seconds(fn)
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn(*args)
-        took = time.perf_counter() - t0 - (restore_seconds(fn) - restored)
-        return took * 1e3 / inner
+        return ms_per_call(fn, inner, args)
 
     def time_one(self, cand: Candidate, args: list) -> None:
         """One candidate on its own (a refinement step's first timing)."""
@@ -284,6 +278,23 @@ class Timing:
         stats.sort()
         best_hi = stats[0][1][1]
         return all(best_hi < lo for _, (lo, _) in stats[1:])
+
+
+def lead_in(once: float) -> int:
+    """Untimed calls before each sample of a callable whose call took ``once`` seconds:
+    ``LEAD_IN``, none from ``LEAD_IN_UNDER_S``."""
+    return LEAD_IN if once < LEAD_IN_UNDER_S else 0
+
+
+def ms_per_call(fn: Callable, inner: int, args: list) -> float:
+    """Milliseconds per call of ``fn`` over ``inner`` calls, the restores of a graph that
+    writes its inputs left out (rerun.py)."""
+    restored = restore_seconds(fn)
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn(*args)
+    took = time.perf_counter() - t0 - (restore_seconds(fn) - restored)
+    return took * 1e3 / inner
 
 
 def quartiles(xs: Sequence[float]) -> tuple[float, float]:
