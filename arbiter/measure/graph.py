@@ -24,6 +24,7 @@ import torch
 import torch.fx
 
 from ..cache import Cache
+from ..ops import without_first_call_checks
 from ..plan.partition import Plan
 from ..plan.planner import Planner
 from ..plan.policy import ONLY, PRIORITY, Candidate, TimedChoice
@@ -249,7 +250,7 @@ class MeasuredGraph:
         # Priority first (always measured: it is what the user gets without measuring),
         # then the others by estimate, cheapest first, so the budget goes to the likeliest.
         order = sorted(self.candidates, key=lambda c: (c.label != PRIORITY, c.estimate_ms))
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), without_first_call_checks():
             self._measure_candidates(order, args)
             if getattr(opts, "mix", False) or opts.refine:
                 took = self._timing.elapsed()
