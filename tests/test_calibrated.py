@@ -282,6 +282,40 @@ def test_a_tiny_matmul_is_priced_by_the_tiny_cell_not_the_intercept():
     assert "linear 8x64x64" in [name for name, _, _ in CELLS]
 
 
+def test_a_linear_on_one_row_costs_at_least_reading_its_weights():
+    """A matrix product's floor is its operands' bytes at the `gemv` cell's rate (a
+    roofline). Rates of ONNX Runtime's cells on an Intel Xeon (2026-11-29): 16x256x256
+    20 us; a 256x256 linear on one row took 16.5 us (bench/per_node_cost.py) where its
+    FLOPs priced it at about 1 us. A product of many rows stays priced by its FLOPs, and
+    a calibration without the cell prices by FLOPs alone."""
+    from arbiter.measure.calibration_cells import cell_work
+    from arbiter.plan.predict import GEMV
+
+    linear = ((2 * 16 * 256 * 256, 20.0), (2 * 128 * 768 * 768, 1400.0))
+    gemv_cell = next(c for c in CELLS if c[0] == "gemv 1x1024x1024")
+    fn, args = gemv_cell[2]()
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    cell = make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+    assert cell_work(cell, GEMV) == pytest.approx(4 * (1024 * 1024 + 1024 + 1024 + 1024))
+    with_floor = BackendCalibration(0, 0, {"linear": linear, GEMV: ((4.2e6, 250.0),)})
+    flops_only = BackendCalibration(0, 0, {"linear": linear})
+    row = trace(lambda x, w: (x @ w,), torch.randn(1, 256), torch.randn(256, 256))
+    (mm,) = [n for n in row.graph.nodes if op_class(n) == "linear"]
+    cls, flops, moved = op_work(mm)
+    assert moved == 4 * (256 + 256 * 256 + 256)  # input, weight, output
+    table = load_table()
+    floor_us, _ = node_us(mm, "x", with_floor, table)
+    assert floor_us == pytest.approx(moved * 250.0 / 4.2e6)  # ~15.7 us
+    assert node_us(mm, "x", flops_only, table)[0] < 2.0  # its FLOPs: ~0.7 us
+    rows = trace(lambda x, w: (x @ w,), torch.randn(128, 768), torch.randn(768, 768))
+    (big,) = [n for n in rows.graph.nodes if op_class(n) == "linear"]
+    assert node_us(big, "x", with_floor, table)[0] == pytest.approx(
+        node_us(big, "x", flops_only, table)[0]) == pytest.approx(1400.0)
+    # kept and read back with the calibration
+    assert BackendCalibration.from_json(with_floor.to_json()).cells[GEMV] == ((4.2e6, 250.0),)
+
+
 def _chain_of(n: int):
     def chain(x):
         for i in range(n):
@@ -487,7 +521,7 @@ def test_the_policy_runs_end_to_end_and_matches_eager(fresh_dynamo):
 
 def test_the_cells_cover_every_class_at_sizes():
     classes = {cls for _, cls, _ in CELLS}
-    assert classes == {"call", "linear", "conv", "attention", "elementwise", "norm",
+    assert classes == {"call", "linear", "gemv", "conv", "attention", "elementwise", "norm",
                        "reduction", "block", "qlinear", "qconv"}
     assert {name for name, cls, _ in CELLS if cls == "block"} == set(BLOCKS)
     assert set(BLOCKS.values()) == set(KINDS)

@@ -1,7 +1,8 @@
 """Measuring this machine's calibration (policy `calibrated`; plan/predict.py reads it).
 
 Per backend, small ATen graphs, one op class each (``CELLS``, most telling first: the
-per-call cost, linear layers from tiny to large, the other classes, a convolution), and
+per-call cost, linear layers from tiny to large, two on a single row (what reading
+their weights costs), the other classes, a convolution), and
 two whole blocks (``BLOCKS``: a transformer encoder layer, a ResNet bottleneck, whose
 time over their op-by-op prediction is the backend's factor for that kind) are compiled
 with the backend's own ``compile`` and timed: the minimum of a few samples of at least
@@ -26,7 +27,7 @@ import torch.fx
 from .loadavg import load_per_core
 from ..ops import is_getitem, register_namespaces
 from ..plan.partition import partition_graph
-from ..plan.predict import BackendCalibration, op_work
+from ..plan.predict import GEMV, BackendCalibration, op_work
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,12 @@ CELLS: list[tuple[str, str, Callable[[], tuple[Callable, tuple]]]] = [
     ("linear 8x64x64", "linear", lambda: _linear(8, 64, 64)),
     ("linear 16x256x256", "linear", lambda: _linear(16, 256, 256)),
     ("linear 128x768x768", "linear", lambda: _linear(128, 768, 768)),
+    # one row through 256 KiB and 4 MiB of weights: what a linear layer costs to read
+    # its operands (a decode step's layers), the floor of every linear's time
+    # (predict.GEMV); two sizes, since a backend's fixed cost per product is not its
+    # rate (Inductor, eager: ~25 us, then 38 GB/s; ONNX Runtime ~0, then 15 GB/s)
+    ("gemv 1x256x256", "gemv", lambda: _linear(1, 256, 256)),
+    ("gemv 1x1024x1024", "gemv", lambda: _linear(1, 1024, 1024)),
     ("conv 64ch 56x56", "conv", lambda: _conv(64, 56)),
     ("attention 12x128x64", "attention", _attention),
     ("elementwise 128x3072", "elementwise", _elementwise),
@@ -264,8 +271,11 @@ def block_nodes(gm: torch.fx.GraphModule) -> list:
 
 
 def cell_work(gm: torch.fx.GraphModule, cls: str) -> float:
-    """The work of the class's nodes in a cell's graph (FLOPs, else bytes moved)."""
+    """The work of the class's nodes in a cell's graph (FLOPs, else bytes moved; for
+    ``gemv``, the bytes of its linear nodes' operands)."""
     works = (op_work(n) for n in gm.graph.nodes if n.op == "call_function")
+    if cls == GEMV:
+        return sum((moved for c, _, moved in works if c == "linear"), 0.0)
     return sum((flops if flops else moved for c, flops, moved in works if c == cls), 0.0)
 
 

@@ -114,10 +114,16 @@ def node_work(node: torch.fx.Node) -> tuple[float, float]:
                     for a in node.args[:2])
             if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() >= 2:
                 return 4.0 * _numel(q) * _size(k.shape[-2]), 0.0
-    moved = sum(_numel(t) * t.element_size() for t in tensors_in(out))
+    return 0.0, operand_bytes(node)
+
+
+def operand_bytes(node: torch.fx.Node) -> float:
+    """Bytes of a node's tensor inputs and outputs, from its metadata: what a matrix
+    product reads and writes (its weights, for a linear layer on a few rows)."""
+    moved = sum(_numel(t) * t.element_size() for t in tensors_in(node.meta.get("val")))
     for inp in node.all_input_nodes:
         moved += sum(_numel(t) * t.element_size() for t in tensors_in(inp.meta.get("val")))
-    return 0.0, float(moved)
+    return float(moved)
 
 
 def node_us(node: torch.fx.Node, c: BackendCost) -> float:

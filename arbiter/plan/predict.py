@@ -5,7 +5,10 @@ it) holds per backend its cost per call (``call_us``), per node (``node_us``) an
 class, the time of graphs of that class at a few sizes (``cells``: (work, microseconds);
 work is FLOPs or bytes moved, as ``cost.node_work`` counts). A node's time is its
 backend's ``node_us`` plus its work at its class's time, piecewise linear through the
-cells (``BackendCalibration.class_us``); a partition of at least ``FACTOR_MIN_NODES``
+cells (``BackendCalibration.class_us``); a matrix product is priced at least at the
+time of reading its operands at the backend's ``gemv`` rate (a roofline: a linear layer on
+one row, a decode step's, reads its weights and does little arithmetic, and the FLOPs
+alone priced it 14x below its time); a partition of at least ``FACTOR_MIN_NODES``
 compute nodes is priced op by op times its backend's block factor for its kind
 (``block_kind``), since op cells alone miss fusion. A compiled partition adds
 ``call_us`` and ``boundary_us`` per tensor crossing it. What the calibration lacks is
@@ -22,7 +25,7 @@ import torch
 import torch.fx
 
 from ..ops import DATA_MOVES, is_dequantize, is_getitem, op_name, packet_name
-from .cost import CostTable, load_table, node_work
+from .cost import CostTable, load_table, node_work, operand_bytes
 from .partition import Plan
 
 #: Op classes the calibration measures, and the ATen packets (``aten.<name>``) of each;
@@ -49,6 +52,10 @@ CLASSES: dict[str, frozenset[str]] = {
     "qlinear": frozenset(),
     "qconv": frozenset(),
 }
+#: A class the calibration measures that no packet is of: the rate at which a matrix
+#: product reads its operands (a linear layer on one row), the floor of a ``linear``
+#: node's time. Not applied to ``qlinear`` (its weight is read as int8).
+GEMV = "gemv"
 #: The int8 classes and the float class each is priced as without a cell of its own.
 INT8_CLASSES = {"qlinear": "linear", "qconv": "conv"}
 _INT8_OF = {base: cls for cls, base in INT8_CLASSES.items()}
@@ -86,12 +93,18 @@ class BackendCalibration:
     observed: float = 1.0
     observed_n: int = 0
 
-    def op_us(self, cls: str, work: float, flops: bool) -> Optional[float]:
+    def op_us(self, cls: str, work: float, flops: bool,
+              moved: float = 0.0) -> Optional[float]:
         """One node's microseconds (its ``node_us`` included) from its class and work
-        (``flops``: the work is FLOPs, not bytes), or None when not calibrated."""
+        (``flops``: the work is FLOPs, not bytes), or None when not calibrated.
+        ``moved``: a ``linear`` node's operand bytes, priced at the ``gemv`` rate as
+        the least its time can be."""
         if cls == "free":
             return self.node_us
         us = self.class_us(cls, work)
+        if us is not None and cls == "linear" and moved > 0:
+            floor = self.class_us(GEMV, moved)
+            us = us if floor is None else max(us, floor)
         if us is None and cls in INT8_CLASSES:
             us = self.class_us(INT8_CLASSES[cls], work)
         if us is None and not flops:
@@ -135,9 +148,9 @@ class BackendCalibration:
             raise ValueError("a backend's calibration must be a mapping")
         cells = {}
         for k, v in (raw.get("cells") or {}).items():
-            if k not in CLASSES and k != "elementwise":
+            if k not in CLASSES and k not in ("elementwise", GEMV):
                 raise ValueError(f"unknown op class {k!r} (valid: "
-                                 f"{', '.join([*CLASSES, 'elementwise'])})")
+                                 f"{', '.join([*CLASSES, 'elementwise', GEMV])})")
             pairs = tuple(sorted((float(w), float(us)) for w, us in v))
             if any(w <= 0 or us <= 0 for w, us in pairs):
                 raise ValueError(f"class {k!r}: work and time must be positive")
@@ -188,9 +201,15 @@ def _int8_weight(node: torch.fx.Node, packet: str) -> bool:
 
 
 def op_work(node: torch.fx.Node) -> tuple[str, float, float]:
-    """(op class, FLOPs, bytes moved) of an ATen node; a ``free`` op does no work."""
+    """(op class, FLOPs, bytes moved) of an ATen node; a ``free`` op does no work. A
+    ``linear`` node's bytes are its operands' (what the ``gemv`` floor prices)."""
     cls = op_class(node)
-    return (cls, *node_work(node)) if cls != "free" else (cls, 0.0, 0.0)
+    if cls == "free":
+        return cls, 0.0, 0.0
+    flops, moved = node_work(node)
+    if cls == "linear" and flops:
+        moved = operand_bytes(node)
+    return cls, flops, moved
 
 
 @dataclass
@@ -211,10 +230,11 @@ def _priced(work: tuple[str, float, float], backend: str,
     else by the static table."""
     cls, flops, moved = work
     if calib is not None:
-        us = calib.op_us(cls, flops if flops else moved, bool(flops))
+        us = calib.op_us(cls, flops if flops else moved, bool(flops), moved)
         if us is not None:
             return us, True
     row = table.of(backend)
+    moved = 0.0 if flops else moved  # the static table prices products by FLOPs alone
     return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3), False
 
 
