@@ -141,6 +141,37 @@ def test_a_close_runner_up_that_compiles_far_longer_is_not_timed(two, monkeypatc
     assert _choose(two, table, gm)[0].timed is not None
 
 
+def test_a_close_candidate_that_compiles_far_faster_than_the_best_is_chosen(two,
+                                                                           monkeypatch):
+    """Within CLOSE_MARGIN the prediction cannot tell two placements apart; an inference
+    graph whose predicted best compiles far longer takes the close one instead, untimed
+    (a decode step: Inductor predicted 25% ahead, 30 s of compile against ONNX Runtime's
+    1 s, the two within 3% when timed). A training graph keeps the best and times both."""
+    gm = trace(mlp, *_args())
+    table = {"costly": calib(10.0), "cheap": calib(11.0), "eager": calib(0, node_us=50)}
+    # "cheap" predicted slower by 10%, "costly" compiles 20x longer
+    _with_compile_rows(monkeypatch, {"costly": (10.0, 500.0), "cheap": (0.5, 10.0)})
+    choice, _ = _choose(two, table, gm)
+    assert choice.outcome.chosen == "only cheap" and choice.timed is None
+    assert {p.backend for p in choice.plan.partitions} == {"cheap"}
+    be = arbiter.Arbiter(two)
+    be.planner.calibration = lambda measure=True: table
+    fwd = get_policy("calibrated").decide(be.planner, gm, GraphContext("forward"))
+    assert "only costly" in next(c for c in fwd.candidates
+                                 if c.label == fwd.outcome.chosen).labels
+    assert fwd.timed is not None and len(fwd.timed.candidates) == 2
+    # beyond the margin the prediction decides, whatever the compile
+    table["cheap"] = calib(10.0 * (1 + 2 * CLOSE_MARGIN) + 5)
+    choice, _ = _choose(two, table, gm)
+    assert "only costly" in next(c for c in choice.candidates
+                                 if c.label == choice.outcome.chosen).labels
+    # compiles alike: the best stays, and the two are timed
+    table["cheap"] = calib(11.0)
+    _with_compile_rows(monkeypatch, {"costly": (0.5, 10.0), "cheap": (0.5, 10.0)})
+    choice, _ = _choose(two, table, gm)
+    assert choice.timed is not None and "only costly" in choice.timed.candidates[0].labels
+
+
 def test_a_compile_is_priced_by_backend_and_node():
     import types
     from dataclasses import replace

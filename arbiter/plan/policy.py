@@ -50,8 +50,9 @@ COMPILE_SHARE = 2.0
 COMPILE_SLACK_S = 1.0
 #: The revision of the rules on what a policy times (part of the decision
 #: cache's key): 2 adds a quantized graph's plans that run its int8 units
-#: (``quantized.int8_rivals``)
-TIMED = 2
+#: (``quantized.int8_rivals``); 3: an inference graph's close candidate that compiles
+#: far faster than the predicted best is chosen instead (``_cheaper_to_compile``)
+TIMED = 3
 #: Policy `measure`, with this machine's calibration known: a compiled candidate
 #: predicted slower than this many times the best prediction is not compiled and timed.
 MEASURE_FAR = 2.0
@@ -406,6 +407,8 @@ class Calibrated(Policy):
     def decide(self, planner: Planner, gm: torch.fx.GraphModule,
                graph: GraphContext) -> Choice:
         choice = self.choose(planner, gm, eager=graph.against_eager != "off")
+        if graph.kind == "inference":
+            _cheaper_to_compile(planner, choice)
         choice.timed = self.timed(planner, gm, choice, graph)
         return choice
 
@@ -476,6 +479,34 @@ def _cuts(plan: Plan) -> int:
     cache's ``copy_``s after the graph) or of size arithmetic alone cuts nothing."""
     return sum(1 for p in plan.partitions
                if any(is_compute(n) and not is_mutating(n) for n in p.nodes))
+
+
+def _cheaper_to_compile(planner: Planner, choice: Choice) -> None:
+    """An inference graph whose predicted best compiles far longer than a candidate
+    predicted within CLOSE_MARGIN of it (more than COMPILE_SHARE times that one's
+    compile plus COMPILE_SLACK_S) takes that candidate: the prediction cannot tell their
+    times apart, and the compile can (a Llama-style decode step: Inductor predicted 25%
+    ahead of ONNX Runtime, 30 s of compile against 1 s, the two within 3% when timed).
+    The other is then its runner-up, too costly to time (``_affordable``). Never eager
+    whole or a cut plan for a whole one (those are timed as the simple alternatives)."""
+    best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+    best_s = predict_compile_s(best.plan, planner.inline)
+    if best_s is None:
+        return
+    eager = ONLY + planner.fallback_name
+    close = sorted((c for c in choice.candidates if c is not best and eager not in c.labels
+                    and _cuts(c.plan) <= _cuts(best.plan)
+                    and c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)),
+                   key=lambda c: c.estimate_ms)
+    for c in close:
+        got = predict_compile_s(c.plan, planner.inline)
+        if got is not None and best_s > COMPILE_SHARE * got + COMPILE_SLACK_S:
+            log.info("policy calibrated: %s is predicted within %.0f%% of %s and to compile "
+                     "in %.1f s against %.1f s: it is chosen", c.label, CLOSE_MARGIN * 100,
+                     best.label, got, best_s)
+            choice.plan = c.plan
+            choice.outcome.chosen = c.label
+            return
 
 
 def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Optional[Candidate]:

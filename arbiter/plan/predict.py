@@ -10,7 +10,10 @@ time of reading its operands at the backend's ``gemv`` rate (a roofline: a linea
 one row, a decode step's, reads its weights and does little arithmetic, and the FLOPs
 alone priced it 14x below its time); a partition of at least ``FACTOR_MIN_NODES``
 compute nodes is priced op by op times its backend's block factor for its kind
-(``block_kind``), since op cells alone miss fusion. A compiled partition adds
+(``block_kind``), since op cells alone miss fusion; products priced at their floor are
+left out of the factor (fusing ops around a product does not shorten reading its
+weights, and the factor, measured on a block of 128 rows, had Inductor's decode step
+predicted at 0.39 ms where it took 0.57). A compiled partition adds
 ``call_us`` and ``boundary_us`` per tensor crossing it. What the calibration lacks is
 priced by the static table (``cost.py``; ``Prediction.uncalibrated``);
 ``predict_compile_s`` reads its ``compile`` rows. docs/policies.md ("`calibrated`").
@@ -93,22 +96,25 @@ class BackendCalibration:
     observed: float = 1.0
     observed_n: int = 0
 
-    def op_us(self, cls: str, work: float, flops: bool,
-              moved: float = 0.0) -> Optional[float]:
+    def op_us(self, cls: str, work: float, flops: bool) -> Optional[float]:
         """One node's microseconds (its ``node_us`` included) from its class and work
-        (``flops``: the work is FLOPs, not bytes), or None when not calibrated.
-        ``moved``: a ``linear`` node's operand bytes, priced at the ``gemv`` rate as
-        the least its time can be."""
+        (``flops``: the work is FLOPs, not bytes), or None when not calibrated."""
         if cls == "free":
             return self.node_us
         us = self.class_us(cls, work)
-        if us is not None and cls == "linear" and moved > 0:
-            floor = self.class_us(GEMV, moved)
-            us = us if floor is None else max(us, floor)
         if us is None and cls in INT8_CLASSES:
             us = self.class_us(INT8_CLASSES[cls], work)
         if us is None and not flops:
             us = self.class_us("elementwise", work)
+        return None if us is None else self.node_us + us
+
+    def floor_us(self, cls: str, moved: float) -> Optional[float]:
+        """The least a ``linear`` node whose operands are ``moved`` bytes takes (its
+        ``node_us`` included): reading them at the ``gemv`` cells' time; None for other
+        classes or without the cells."""
+        if cls != "linear" or moved <= 0:
+            return None
+        us = self.class_us(GEMV, moved)
         return None if us is None else self.node_us + us
 
     def class_us(self, cls: str, work: float) -> Optional[float]:
@@ -221,21 +227,26 @@ class Prediction:
 def node_us(node: torch.fx.Node, backend: str, calib: Optional[BackendCalibration],
             table: CostTable) -> tuple[float, bool]:
     """(microseconds, calibrated) of one node on ``backend``."""
-    return _priced(op_work(node), backend, calib, table)
+    us, known, _ = _priced(op_work(node), backend, calib, table)
+    return us, known
 
 
 def _priced(work: tuple[str, float, float], backend: str,
-            calib: Optional[BackendCalibration], table: CostTable) -> tuple[float, bool]:
-    """(microseconds, calibrated) of a node of ``op_work`` ``work``: by the calibration,
-    else by the static table."""
+            calib: Optional[BackendCalibration], table: CostTable) -> tuple[float, bool, bool]:
+    """(microseconds, calibrated, at its floor) of a node of ``op_work`` ``work``: by
+    the calibration (a matrix product at least at its ``floor_us``), else by the static
+    table."""
     cls, flops, moved = work
     if calib is not None:
-        us = calib.op_us(cls, flops if flops else moved, bool(flops), moved)
+        us = calib.op_us(cls, flops if flops else moved, bool(flops))
         if us is not None:
-            return us, True
+            floor = calib.floor_us(cls, moved) if flops else None
+            if floor is not None and floor > us:
+                return floor, True, True
+            return us, True, False
     row = table.of(backend)
     moved = 0.0 if flops else moved  # the static table prices products by FLOPs alone
-    return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3), False
+    return row.node_us + flops / (row.gflops * 1e3) + moved / (row.gbps * 1e3), False, False
 
 
 def block_kind(works: list[tuple[str, float, float]]) -> str:
@@ -283,15 +294,19 @@ def predict(plan: Plan, inline: set[str], calibration: dict[str, BackendCalibrat
         calib = calibration.get(part.backend) or calibration.get(base)
         members = set(part.nodes)
         works = [op_work(n) for n in part.nodes if not is_getitem(n)]
-        part_us = 0.0
+        part_us = bound_us = 0.0
         for w in works:
-            us, known = _priced(w, part.backend, calib, table)
-            part_us += us
+            us, known, at_floor = _priced(w, part.backend, calib, table)
+            if at_floor:
+                bound_us += us
+            else:
+                part_us += us
             if not known:
                 out.uncalibrated.add(part.backend)
         compute = sum(cls != "free" for cls, _, _ in works)
         if calib is not None and calib.factors and compute >= FACTOR_MIN_NODES:
             part_us *= calib.factors.get(block_kind(works), 1.0)
+        part_us += bound_us  # reading weights: no fusion makes it shorter
         observed = calib.observed if calib is not None else 1.0
         total += part_us * observed
         if part.backend in inline:
