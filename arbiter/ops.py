@@ -346,8 +346,8 @@ def without_first_call_checks() -> Iterator[None]:
     call (``_AnalyzeCustomOpInputOutputMode``: it flattens every ATen op's arguments to
     check custom ops' aliasing) for the work inside it, when it is the only mode: run
     under it, a first call's timing measured every op dispatched from Python at ~40 us
-    more (a decode step on Inductor, its matmuls aten calls: 1.9 ms timed against 0.6 ms
-    on later calls), ranking eager and Inductor behind backends that run in one C++
+    more (a decode step on Inductor, its matmuls aten calls: 1.9 ms timed against 0.6-0.8
+    ms outside it), ranking eager and Inductor behind backends that run in one C++
     call. Any other mode (a user's, a fake one while tracing) is left in place."""
     from torch.utils._python_dispatch import (_disable_current_modes,
                                               _get_current_dispatch_mode_stack)

@@ -347,7 +347,7 @@ def test_the_first_call_times_outside_aotautograds_first_call_mode(make_backend,
     """AOTAutograd runs a compiled graph's first call under a dispatch mode that flattens
     every ATen op's arguments (its custom-op aliasing check); the candidates' timing
     steps out of it, so what each op dispatched from Python costs is what later calls
-    pay (a decode step on Inductor: 1.9 ms timed under it, 0.6 ms after). The user's
+    pay (a decode step on Inductor: 1.9 ms timed under it, 0.6-0.8 ms outside). The user's
     own call still runs under it, and any other mode stays (``ops``' helper)."""
     from torch.utils._python_dispatch import (TorchDispatchMode,
                                               _get_current_dispatch_mode_stack)

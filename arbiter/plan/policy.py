@@ -485,8 +485,8 @@ def _cheaper_to_compile(planner: Planner, choice: Choice) -> None:
     """An inference graph whose predicted best compiles far longer than a candidate
     predicted within CLOSE_MARGIN of it (more than COMPILE_SHARE times that one's
     compile plus COMPILE_SLACK_S) takes that candidate: the prediction cannot tell their
-    times apart, and the compile can (a Llama-style decode step: Inductor predicted 25%
-    ahead of ONNX Runtime, 30 s of compile against 1 s, the two within 3% when timed).
+    times apart, and the compile can (a Llama-style decode step: Inductor predicted 10%
+    ahead of ONNX Runtime, 30 s of compile against 1 s, the two within 10% when timed).
     The other is then its runner-up, too costly to time (``_affordable``). Never eager
     whole or a cut plan for a whole one (those are timed as the simple alternatives)."""
     best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
