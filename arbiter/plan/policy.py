@@ -418,10 +418,10 @@ class Calibrated(Policy):
         compiled once; the decision is cached), with what the config asks beside
         (``checked``: eager under ``against_eager``, lower-precision variants)."""
         base = checked(planner, gm, choice, graph)
-        best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+        best = _chosen(choice)
         rest = sorted((c for c in choice.candidates if c is not best),
                       key=lambda c: c.estimate_ms)
-        close = [c for c in rest if c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)]
+        close = [c for c in rest if _close(c, best)]
         # a training run's steps repay a second compile, and the calibration, measured on
         # inference cells, predicts training graphs worst (BERT-style: OpenVINO first,
         # whose 39 cut partitions ran 1.8x slower than the Inductor it had timed)
@@ -481,6 +481,23 @@ def _cuts(plan: Plan) -> int:
                if any(is_compute(n) and not is_mutating(n) for n in p.nodes))
 
 
+def _chosen(choice: Choice) -> Candidate:
+    """The candidate ``choice``'s outcome names as chosen."""
+    return next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+
+
+def _close(c: Candidate, best: Candidate) -> bool:
+    """Whether ``c`` is predicted within CLOSE_MARGIN of ``best``: a difference the
+    prediction cannot tell from its own error."""
+    return c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)
+
+
+def _compiles_far_longer(seconds: float, than: float) -> bool:
+    """Whether a compile predicted at ``seconds`` is more than COMPILE_SHARE times one
+    predicted at ``than`` plus COMPILE_SLACK_S."""
+    return seconds > COMPILE_SHARE * than + COMPILE_SLACK_S
+
+
 def _cheaper_to_compile(planner: Planner, choice: Choice) -> None:
     """An inference graph whose predicted best compiles far longer than a candidate
     predicted within CLOSE_MARGIN of it (more than COMPILE_SHARE times that one's
@@ -489,18 +506,17 @@ def _cheaper_to_compile(planner: Planner, choice: Choice) -> None:
     ahead of ONNX Runtime, 30 s of compile against 1 s, the two within 10% when timed).
     The other is then its runner-up, too costly to time (``_affordable``). Never eager
     whole or a cut plan for a whole one (those are timed as the simple alternatives)."""
-    best = next(c for c in choice.candidates if c.label == choice.outcome.chosen)
+    best = _chosen(choice)
     best_s = predict_compile_s(best.plan, planner.inline)
     if best_s is None:
         return
     eager = ONLY + planner.fallback_name
     close = sorted((c for c in choice.candidates if c is not best and eager not in c.labels
-                    and _cuts(c.plan) <= _cuts(best.plan)
-                    and c.estimate_ms <= best.estimate_ms * (1 + CLOSE_MARGIN)),
+                    and _cuts(c.plan) <= _cuts(best.plan) and _close(c, best)),
                    key=lambda c: c.estimate_ms)
     for c in close:
         got = predict_compile_s(c.plan, planner.inline)
-        if got is not None and best_s > COMPILE_SHARE * got + COMPILE_SLACK_S:
+        if got is not None and _compiles_far_longer(best_s, got):
             log.info("policy calibrated: %s is predicted within %.0f%% of %s and to compile "
                      "in %.1f s against %.1f s: it is chosen", c.label, CLOSE_MARGIN * 100,
                      best.label, got, best_s)
@@ -516,7 +532,7 @@ def _affordable(planner: Planner, best: Candidate, close: list[Candidate]) -> Op
     best_s = predict_compile_s(best.plan, planner.inline)
     for c in close:
         got = predict_compile_s(c.plan, planner.inline)
-        if best_s is None or got is None or got <= COMPILE_SHARE * best_s + COMPILE_SLACK_S:
+        if best_s is None or got is None or not _compiles_far_longer(got, best_s):
             return c
         log.info("policy calibrated: %s is predicted within %.0f%% of %s, but not timed: "
                  "its compile is predicted to take %.1f s against %.1f s", c.label,
