@@ -51,6 +51,7 @@ from .run.owner import Owner, current_owner, matches, owner_of
 from .run.piece import Piece
 from .run.record import DynamoGraph, GraphRecord, dynamo_graph
 from .run.resources import apply as apply_resources
+from .run.step import StepChoice
 
 log = logging.getLogger(__name__)
 
@@ -240,17 +241,25 @@ class Arbiter:
             with _ARBITERS_LOCK:
                 _ARBITERS.append(weakref.ref(self))
 
+        records: list[GraphRecord] = []  # this Dynamo graph's, as they compile
+
         def compile_graph(graph: torch.fx.GraphModule, kind: str, constants: dict) -> Callable:
             # the backward graph compiles later, at the first backward: owner kept here
             return self.compiler.compile(graph, kind, constants, owner=owner,
-                                         started=None if kind == "backward" else called)
+                                         started=None if kind == "backward" else called,
+                                         keep=records)
 
         # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
         # threads running compiled graphs meanwhile (run/isolation.py)
         with tracing_in_this_thread():
-            return lower(gm, example_inputs, compile_graph,
-                         decompositions=self._decompositions,
-                         freeze_weights=self.config.freeze_weights)
+            fn = lower(gm, example_inputs, compile_graph, decompositions=self._decompositions,
+                       freeze_weights=self.config.freeze_weights)
+        if self.dry_run or not any(r.kind == "forward" for r in records):
+            return fn
+        # a graph that trains: its plan against Dynamo's own graph in eager (run/step.py)
+        return StepChoice(fn, gm, records, self.planner.inline,
+                          trial=self.config.against_eager != "off",
+                          label=f"graph {records[0].graph_id} (forward and its backward)")
 
     def plan(self, gm: torch.fx.GraphModule) -> Plan:
         """The priority plan for an ATen FX graph (nodes need ``meta["val"]``)."""

@@ -64,11 +64,12 @@ class GraphCompiler:
     def compile(self, gm: torch.fx.GraphModule, kind: str,
                 constants: dict[torch.fx.Node, torch.Tensor], owner: Owner = UNKNOWN,
                 guard: bool = True, started: Optional[float] = None,
-                exported: bool = False) -> Callable:
+                exported: bool = False, keep: Optional[list] = None) -> Callable:
         """The callable of ``gm`` (a graph of ``kind``; ``constants``: frozen weights baked
         into its partitions, ``guard``: checked on every call); ``started``: when arbiter
         began on this graph (before AOTAutograd's trace), for measure's compile bound;
-        ``exported``: a graph of ``arbiter.export`` (run/passes.py)."""
+        ``exported``: a graph of ``arbiter.export`` (run/passes.py); ``keep``: a list the
+        graph's record is appended to."""
         start = time.perf_counter()
         passes.apply(gm, kind, exported=exported, wanted=self._optional)
         syms = symbols(input_values(gm))
@@ -98,6 +99,8 @@ class GraphCompiler:
                                  frozenset(constants), owner=owner, symbols=syms,
                                  frame=frame)
             self._graphs.append(record)
+            if keep is not None:
+                keep.append(record)
         self.rule_watch.check(gm, kind, label)
         self._log(record, label, choice.outcome.policy)
         fn: Callable = stitched

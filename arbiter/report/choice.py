@@ -10,9 +10,10 @@ said so, never a dash. Both renderings print ``choice_line``, so they say the sa
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 from .cells import estimates_text
+from .model import StepReport
 from .words import ONLY, named
 
 if TYPE_CHECKING:
@@ -143,3 +144,27 @@ def not_chosen_lines(g: GraphReport) -> list[str]:
     failed there, whichever placement won)."""
     return [f"not chosen, fell back while timed: {named(label)}: " + "; ".join(lines)
             for label, lines in g.candidate_fallbacks.items()]
+
+
+def step_report(step: Any) -> Optional[StepReport]:
+    """A training graph's ``StepRecord`` (run/step.py) for the report; None without one."""
+    if step is None:
+        return None
+    return StepReport(route=step.route, reason=step.reason, ms=dict(step.ms),
+                      samples=step.samples)
+
+
+def step_line(g: GraphReport) -> str:
+    """``step: <what runs the forward and its backward>: <why>``, or "" (not training)."""
+    s = g.step
+    if s is None:
+        return ""
+    if s.route == "pending":
+        return "step: the compiled plan runs until its backward is compiled and the step " \
+               "is checked against Dynamo's graph in eager"
+    if s.route == "trial":
+        return "step: the compiled plan and Dynamo's graph in eager alternate on these " \
+               "calls, timed"
+    who = "Dynamo's graph in eager (these partitions no longer run)" \
+        if s.route == "dynamo eager" else "the compiled plan"
+    return f"step: {who}: {s.reason}" if s.reason else f"step: {who}"

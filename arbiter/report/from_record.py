@@ -20,8 +20,10 @@ from ..plan.policy import ONLY
 from ..plan.rules import names
 from ..backend import Backend
 from ..run.record import GraphRecord
+from ..run.step import DYNAMO, all_eager
 from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .accuracy import accuracy_report
+from .choice import step_report
 from .model import (BroadcastReport, DistributedReport, FallbackReport,
                     FirstUseReport,
                     GraphReport, KindBackendReport, KindReport, NodeReport, OpReport,
@@ -321,6 +323,10 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
     quantized = quantization_warning(g, backends)
     if quantized:
         warnings.append(quantized)
+    if g.step is not None and g.step.route == DYNAMO and not all_eager(
+            g, {n for n, b in backends.items() if b.inline_aten}):
+        warnings.append("the step runs Dynamo's graph in eager, measured faster than this "
+                        "plan (`step`): these partitions no longer run")
     return GraphReport(
         graph_id=g.graph_id, kind=g.kind, model=str(g.owner),
         nodes=sum(x.nodes for x in parts), partitions=parts,
@@ -345,7 +351,7 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         symbols=[SymbolReport(name=r.name, min=r.min, max=r.max, sources=list(r.sources),
                               data_dependent=r.data_dependent) for r in g.symbols.values()],
         frame=g.frame[0] if g.frame else None, recompile=g.frame[1] if g.frame else 0,
-        shape_eager_share=round(share, 4), warnings=warnings,
+        shape_eager_share=round(share, 4), warnings=warnings, step=step_report(g.step),
         accuracy=accuracy_report(o, parts))
 
 

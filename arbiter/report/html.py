@@ -22,7 +22,7 @@ from .cells import (distributed_entries, distributed_summary, kind_fell_back,
                     kind_where, ops_text, partition_notes, plural, shapes_summary,
                     short_op, sizes_vary)
 from .accuracy import module_lines
-from .choice import choice_line, not_chosen_lines
+from .choice import choice_line, not_chosen_lines, step_line
 from .model import GraphReport, Report
 from .overview import (FALLBACK_COLOR, MAX_GROUPS, TOP, esc as _e, module_groups,  # noqa: F401
                        overview)
@@ -120,6 +120,9 @@ def _graph(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str:
     if choice:
         out.append(f'<p class="choice">{_e(choice)}</p>')
     out += [f"<p>{_e(line)}</p>" for line in not_chosen_lines(g)]
+    step = step_line(g)
+    if step:
+        out.append(f'<p class="choice">{_e(step)}</p>')
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]

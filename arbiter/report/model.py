@@ -226,6 +226,20 @@ class SymbolReport(BaseModel):
     data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
 
 
+class StepReport(BaseModel):
+    """A training graph's compiled plan against Dynamo's own graph in eager (run/step.py)."""
+
+    route: str = Field(description="what runs the forward and its backward now: `compiled` "
+                       "(the partitions below), `dynamo eager` (Dynamo's graph in eager, "
+                       "the module's own ops and autograd's backward: the partitions below "
+                       "no longer run), `trial` (the two alternating, timed) or `pending` "
+                       "(the backward not compiled yet)")
+    reason: str = ""
+    ms: dict[str, float] = Field(default_factory=dict, description="route -> median ms of "
+                                 "one call's forward and backward, timed on the user's calls")
+    samples: int = Field(0, description="timed calls per route")
+
+
 class GraphReport(BaseModel):
     graph_id: int
     kind: str = Field(description="inference, forward or backward")
@@ -295,6 +309,8 @@ class GraphReport(BaseModel):
     frame: Optional[int] = Field(None, description="Dynamo's frame id of the graph")
     recompile: int = Field(0, description="0: the frame's first compile; n: its n-th "
                            "recompile (new shapes, or guards that failed)")
+    step: Optional[StepReport] = Field(None, description="forward and backward graphs: "
+                                       "their plan against Dynamo's graph in eager")
     shape_eager_share: float = Field(0.0, description="share of the graph's tensor "
                                      "compute nodes run in eager because of symbolic shapes")
     warnings: list[str] = Field(default_factory=list)

@@ -21,7 +21,7 @@ from .cells import (Cell, Col, Item, Line, Table, bytes_text,  # noqa: F401
                     short_op as _short)
 
 from .accuracy import module_lines
-from .choice import choice_line, not_chosen_lines
+from .choice import choice_line, not_chosen_lines, step_line
 from .model import use_text_rendering
 
 if TYPE_CHECKING:
@@ -149,6 +149,9 @@ def _graph_items(report: Report, g: GraphReport) -> Iterator[Item]:
         yield Line(f"  {choice}")
     for line in not_chosen_lines(g):
         yield Line(f"  {line}")
+    step = step_line(g)
+    if step:
+        yield Line(f"  {step}")
     if g.accuracy is not None:  # config `accuracy` (docs/precision.md)
         a = g.accuracy
         lowered = [f"{p.id} {p.precision}" for p in g.partitions if p.precision != "native"]

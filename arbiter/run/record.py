@@ -17,6 +17,7 @@ from .chain import Link
 from .checks.first_use import FirstUseCheck
 from .freeze import WeightEvent
 from .owner import UNKNOWN, Owner
+from .step import StepRecord
 
 
 @dataclass
@@ -78,6 +79,8 @@ class GraphRecord:
     owner: Owner = UNKNOWN  # the compiled model it belongs to (run/owner.py)
     symbols: dict = field(default_factory=dict)  # name -> shapes.SymbolRange (inputs' symbols)
     frame: Optional[tuple[int, int]] = None  # Dynamo's (frame id, compile index of that frame)
+    # a training graph's compiled plan against Dynamo's graph in eager (run/step.py)
+    step: Optional[StepRecord] = None
 
     @property
     def constants(self) -> int:
