@@ -21,7 +21,14 @@ draws are eager's in every variant but Inductor's, so only arbiter's must match)
 
     .venv/bin/python bench/training.py [--models bert gpt2 resnet18] [--steps 5] [--background]
         [--variants eager inductor arbiter:default arbiter:untimed arbiter:cpu_all
-                    arbiter:measure arbiter:random_backend]
+                    arbiter:measure arbiter:random_backend] [--interleaved] [--settle N]
+
+``--interleaved``: every variant in one process instead (a copy of the model each, same
+weights), compiled one after another (first step timed alone), then ``--steps`` rounds of
+one step of each in turn, so a busy machine's swings fall on all alike (between
+processes this VM's eager step moved 185-305 ms within minutes); the steps' median per
+variant after ``--settle`` rounds left out (arbiter's step check, run/step.py, alternates
+routes on its first ~14 calls). No peak RSS in this mode (one process).
 """
 from __future__ import annotations
 
@@ -107,37 +114,92 @@ def time_steps(fn, model, x, steps: int, sync=lambda: None) -> tuple[float, floa
     return first, first_loss, times
 
 
-def one(name: str, variant: str, steps: int) -> dict:
+def compiled(model, variant: str):
+    """``model`` as ``variant`` runs it; the Arbiter too (None but for arbiter's)."""
     import torch
 
-    model, x = build(name)
     if variant == "eager":
-        fn = model
-    elif variant == "inductor":
-        fn = torch.compile(model)
-    elif variant.startswith("arbiter:"):
-        import arbiter
-
-        config = variant.split(":", 1)[1]
-        if config in OVER_DEFAULT:
-            import yaml
-
-            from arbiter.config import shipped_configs
-
-            data = yaml.safe_load(shipped_configs()["default"].read_text())
-            config = {**data, **OVER_DEFAULT[config]}
-        be = arbiter.Arbiter(config)
-        fn = torch.compile(model, backend=be)
-    else:
+        return model, None
+    if variant == "inductor":
+        return torch.compile(model), None
+    if not variant.startswith("arbiter:"):
         raise SystemExit(f"unknown variant {variant!r}; one of {VARIANTS}")
+    import arbiter
+
+    config = variant.split(":", 1)[1]
+    if config in OVER_DEFAULT:
+        import yaml
+
+        from arbiter.config import shipped_configs
+
+        data = yaml.safe_load(shipped_configs()["default"].read_text())
+        config = {**data, **OVER_DEFAULT[config]}
+    be = arbiter.Arbiter(config)
+    return torch.compile(model, backend=be), be
+
+
+def ran_where(be) -> str:
+    """What ran where: kind -> backends (timed choice; the step check's route)."""
+    return "; ".join(
+        f"{g.kind}: {'+'.join(sorted({p.backend for p in g.partitions}))}"
+        + (f" ({g.chosen} {', '.join(f'{k} {v:.0f} ms' for k, v in g.candidates_ms.items() if v is not None)})"
+           if g.chosen else "")
+        + (f" [step: {g.step.route}"
+           + "".join(f", {k} {v:.0f} ms" for k, v in g.step.ms.items()) + "]"
+           if g.step is not None and g.kind == "forward" else "")
+        for g in be.report(advice=False).graphs)
+
+
+def _interleaved(args) -> int:
+    import copy
+
+    import torch
+
+    print(f"load average at start: {os.getloadavg()}; one process, steps interleaved, "
+          f"median of {args.steps - args.settle} rounds after {args.settle}", flush=True)
+    for name in args.models:
+        model, x = build(name)
+        runs = {}
+        for variant in args.variants:
+            m = copy.deepcopy(model)
+            fn, be = compiled(m, variant)
+            opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
+            runs[variant] = (fn, opt, be, [])
+
+        def step(fn, opt) -> float:
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            fn(x).pow(2).mean().backward()
+            opt.step()
+            return time.perf_counter() - start
+
+        first = {v: step(fn, opt) for v, (fn, opt, _, _) in runs.items()}
+        for _ in range(args.steps):
+            for fn, opt, _, times in runs.values():
+                times.append(step(fn, opt))
+        med = {v: statistics.median(r[3][args.settle:]) * 1e3 for v, r in runs.items()}
+        best = min(med[v] for v in ("eager", "inductor") if v in med) \
+            if any(v in med for v in ("eager", "inductor")) else None
+        print("| model | variant | first step s | step ms (median) [min-max] | speed vs the "
+              "faster of eager/Inductor (>1: faster) |")
+        print("|---|---|---:|---:|---:|")
+        for v, (_, _, be, times) in runs.items():
+            kept = times[args.settle:]
+            print(f"| {name} | {v} | {first[v]:.1f} | {med[v]:.1f} [{min(kept) * 1e3:.1f}-"
+                  f"{max(kept) * 1e3:.1f}] | "
+                  + (f"{best / med[v]:.2f}x" if best else "-") + " |", flush=True)
+        for v, (_, _, be, _) in runs.items():
+            if be is not None:
+                print(f"  {name} {v}: {ran_where(be)}", flush=True)
+    print(f"load average at end: {os.getloadavg()}", flush=True)
+    return 0
+
+
+def one(name: str, variant: str, steps: int) -> dict:
+    model, x = build(name)
+    fn, be = compiled(model, variant)
     first, first_loss, times = time_steps(fn, model, x, steps)
-    ran = ""
-    if variant.startswith("arbiter:"):  # what ran where: kind -> backends (timed choice)
-        ran = "; ".join(
-            f"{g.kind}: {'+'.join(sorted({p.backend for p in g.partitions}))}"
-            + (f" ({g.chosen} {', '.join(f'{k} {v:.0f} ms' for k, v in g.candidates_ms.items() if v is not None)})"
-               if g.chosen else "")
-            for g in be.report(advice=False).graphs)
+    ran = ran_where(be) if be is not None else ""
     return {"model": name, "variant": variant, "first_s": first, "ran": ran,
             "step_ms": statistics.median(times) * 1e3,
             "step_spread_ms": [min(times) * 1e3, max(times) * 1e3],
@@ -158,6 +220,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--background", action="store_true",
                     help="run beside a second process's matmul loop on one thread")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="every variant in one process, steps interleaved")
+    ap.add_argument("--settle", type=int, default=0,
+                    help="--interleaved: rounds left out of the median")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -166,7 +232,7 @@ def main() -> int:
     background = subprocess.Popen([sys.executable, "-c", BACKGROUND]) \
         if args.background else None
     try:
-        return _bench(args)
+        return _interleaved(args) if args.interleaved else _bench(args)
     finally:
         if background is not None:
             background.kill()
