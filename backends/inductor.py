@@ -425,8 +425,20 @@ def _cacheable_context(gm: torch.fx.GraphModule, example: list):
 
     if TracingContext.try_get() is not None:
         return None, example
-    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [n.meta.get("val") for n in placeholders]
+    try:
+        fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    except AssertionError as exc:
+        # inputs traced under two fake modes (seen in a process that had compiled other
+        # models first: one input's value from another Dynamo compile's mode), which
+        # compile_fx refuses with or without a context: a static graph's inputs get
+        # values of one mode, the first input's, from the real example
+        fake_mode = _one_fake_mode(gm, placeholders, example)
+        if fake_mode is None:
+            raise
+        log.info("inductor: the partition's inputs carried more than one fake mode (%s); "
+                 "given the first input's", str(exc).splitlines()[0][:200])
     if fake_mode is None or fake_mode.shape_env is None:
         return None, example  # nothing to key on: Inductor bypasses its cache
     from torch._subclasses.fake_tensor import FakeTensor
@@ -435,6 +447,25 @@ def _cacheable_context(gm: torch.fx.GraphModule, example: list):
              if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) else t
              for t in example]
     return tracing(TracingContext(fake_mode)), fakes
+
+
+def _one_fake_mode(gm: torch.fx.GraphModule, placeholders: list, example: list):
+    """The fake mode of ``gm``'s first fake input, with every input's value made a fake
+    of that mode from its real example (static sizes); None where that cannot be done (a
+    symbolic graph, whose example inputs are the fake values themselves)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if graph_is_symbolic(gm) or len(placeholders) != len(example):
+        return None
+    mode = next((v.fake_mode for v in (p.meta.get("val") for p in placeholders)
+                 if isinstance(v, FakeTensor)), None)
+    if mode is None:
+        return None
+    for p, real in zip(placeholders, example):
+        if isinstance(p.meta.get("val"), FakeTensor) and isinstance(real, torch.Tensor) \
+                and not isinstance(real, FakeTensor):
+            p.meta["val"] = mode.from_tensor(real, static_shapes=True)
+    return mode
 
 
 @contextlib.contextmanager

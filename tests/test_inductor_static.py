@@ -98,3 +98,29 @@ def test_a_symbolic_partition_keeps_its_symbols(fresh_dynamo, inner_inputs):
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(inner_inputs) == 1
     assert _symbols(inner_inputs[0])
+
+
+def test_inputs_traced_under_two_fake_modes_still_compile():
+    """A partition whose inputs' values come from two fake modes (seen in a process that
+    had compiled other models first: one input's value from another Dynamo compile's
+    mode) compiles on Inductor, its inputs given values of one mode, instead of failing
+    over to eager on ``detect_fake_mode``'s assertion (fails without it)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from arbiter.registry import get_backend_class
+
+    gm = torch.fx.symbolic_trace(lambda a, b: torch.relu(a) + b)
+    modes = [FakeTensorMode(shape_env=ShapeEnv()), FakeTensorMode(shape_env=ShapeEnv())]
+    real = [torch.randn(4, 8), torch.randn(4, 8)]
+    for node, mode, t in zip([n for n in gm.graph.nodes if n.op == "placeholder"], modes,
+                             real):
+        node.meta["val"] = mode.from_tensor(t, static_shapes=True)
+    aten = torch.fx.experimental.proxy_tensor.make_fx(gm)(*real)
+    for node, mode, t in zip([n for n in aten.graph.nodes if n.op == "placeholder"], modes,
+                             real):
+        node.meta["val"] = mode.from_tensor(t, static_shapes=True)
+    fn = get_backend_class("inductor")().compile(aten, real)
+    out = fn(*real)
+    torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out,
+                               torch.relu(real[0]) + real[1])
