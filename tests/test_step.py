@@ -148,3 +148,33 @@ def test_a_step_planned_in_eager_runs_the_module_and_the_report_says_so():
         compiled(xs[0])
     assert be.report(advice=False).graphs[-1].step is None
     torch._dynamo.reset()
+
+
+def test_the_trial_on_a_real_compiled_step_leaves_eagers_gradients_and_no_hooks(monkeypatch):
+    """The trial through AOTAutograd's function and Dynamo's graph (the plan forced off
+    the untimed path): every step's gradients are eager's, each route timed
+    ``TRIAL_SAMPLES`` times, and no hook stays on the weights once decided."""
+    import arbiter.run.step as step
+
+    monkeypatch.setattr(step, "all_eager", lambda record, inline: False)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    ref.load_state_dict(model.state_dict())
+    be = arbiter.Arbiter({"backends": ["eager"], "cache": {"enabled": False}})
+    compiled = torch.compile(model, backend=be)
+    torch.manual_seed(1)
+    for _ in range(4 * TRIAL_SAMPLES + 6):
+        x = torch.randn(4, 8)
+        model.zero_grad()
+        ref.zero_grad()
+        compiled(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for a, b in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad, b.grad)
+    fw = next(g for g in be.report(advice=False).graphs if g.kind == "forward")
+    assert fw.step.route in (COMPILED, DYNAMO), fw.step
+    assert fw.step.samples == TRIAL_SAMPLES and set(fw.step.ms) == {COMPILED, DYNAMO}
+    assert all(not p._backward_hooks for p in model.parameters())
+    torch._dynamo.reset()
