@@ -430,10 +430,11 @@ def _cacheable_context(gm: torch.fx.GraphModule, example: list):
     try:
         fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     except AssertionError as exc:
-        # inputs traced under two fake modes (seen in a process that had compiled other
-        # models first: one input's value from another Dynamo compile's mode), which
-        # compile_fx refuses with or without a context: a static graph's inputs get
-        # values of one mode, the first input's, from the real example
+        # inputs traced under two fake modes (seen with two BERT-style models compiled in
+        # one process: dropout masks inlined from the first graph's trace, since made in
+        # each graph's own mode by decompose/tracing.py), which compile_fx refuses with or
+        # without a context: a static graph's inputs get values of one mode, the first
+        # input's, from the real example
         fake_mode = _one_fake_mode(gm, placeholders, example)
         if fake_mode is None:
             raise

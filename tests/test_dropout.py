@@ -76,6 +76,27 @@ def test_split_dropout_is_bit_equal_to_eager(dtype, p, layout):
         assert 0 < want[1].float().mean().item() < 1
 
 
+def test_split_dropout_gives_each_graph_values_of_its_own_fake_mode():
+    """The traced split is kept between graphs (keyed by the dropout's signature); a
+    second graph of the same shapes gets its mask and products as values of its own fake
+    mode, not the first graph's (Inductor refused partitions holding two modes: two
+    BERT-style models compiled in one process fell back to eager)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def fn(x):
+        return aten.native_dropout.default(torch.relu(x), 0.1, True)
+
+    x = torch.randn(6, 7)
+    for _ in range(2):
+        gm = make_fx(fn, tracing_mode="fake")(x)
+        mode = next(n.meta["val"].fake_mode for n in gm.graph.nodes if n.op == "placeholder")
+        assert split_dropout(gm) == 1
+        for n in gm.graph.nodes:
+            for v in torch.utils._pytree.tree_leaves(n.meta.get("val")):
+                if isinstance(v, FakeTensor):
+                    assert v.fake_mode is mode, n.format_node()
+
+
 @pytest.mark.parametrize("case", ["float16", "bfloat16", "not dense", "eval", "symbolic"])
 def test_split_dropout_leaves_what_it_cannot_match(case):
     """Dropouts whose split would not be bit-equal (float16/bfloat16: eager's mul_(scale)

@@ -130,6 +130,7 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 def inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule) -> None:
     """Replace ``node`` in ``graph`` by the nodes of ``sub`` (from ``Decompositions.trace``)."""
     inputs = tensor_args(node)
+    mode = _fake_mode_of(node)
     env: dict[torch.fx.Node, Any] = {}
     placeholders = [m for m in sub.graph.nodes if m.op == "placeholder"]
     for p, arg in zip(placeholders, inputs):
@@ -150,6 +151,8 @@ def inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule
             else:
                 env[m] = graph.node_copy(m, lambda a: env[a])
             env[m].meta = dict(m.meta)
+            if mode is not None and "val" in m.meta:
+                env[m].meta["val"] = _in_mode(m.meta["val"], mode)
     if isinstance(result, (tuple, list)):
         for user in list(node.users):
             if not (is_getitem(user) and isinstance(user.args[1], int)):
@@ -159,3 +162,34 @@ def inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule
     else:
         node.replace_all_uses_with(result)
     graph.erase_node(node)
+
+
+def _fake_mode_of(node: torch.fx.Node) -> Any:
+    """The fake mode of ``node``'s traced value (or of its inputs'), None if none."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for n in (node, *node.all_input_nodes):
+        for v in pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, FakeTensor):
+                return v.fake_mode
+    return None
+
+
+def _in_mode(val: Any, mode: Any) -> Any:
+    """``val``'s fake tensors of static sizes made again in ``mode`` (same sizes, strides,
+    dtype, device). A traced decomposition is kept between graphs (``Decompositions``
+    keys it by the node's signature), so its values are of the first graph's fake mode;
+    copied as they were into a later graph, that graph's partitions held inputs of two
+    modes, which Inductor refuses (two models of one architecture compiled in one
+    process: their dropout masks)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, FakeTensor) or v.fake_mode is mode or any(
+                isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride())):
+            return v
+        with mode:
+            return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype,
+                                       device=v.device)
+
+    return pytree.tree_map(one, val)
