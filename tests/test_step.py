@@ -16,7 +16,7 @@ from arbiter.run.step import COMPILED, DYNAMO, TRIAL_SAMPLES, WAIT_CALLS, StepCh
 def _record(kind: str, backend: str):
     part = SimpleNamespace(id=0, backend=backend)
     return SimpleNamespace(kind=kind, plan=SimpleNamespace(partitions=[part]),
-                           records={0: SimpleNamespace(backend=backend)}, step=None)
+                           running=lambda p: backend, step=None)
 
 
 def _fn(x, w1, w2):

@@ -14,8 +14,8 @@ compute nodes is priced op by op times its backend's block factor for its kind
 left out of the factor (fusing ops around a product does not shorten reading its
 weights, and the factor, measured on a block of 128 rows, had Inductor's decode step
 predicted at 0.39 ms where it took ~0.6; 0.47 without it on the floor-priced products).
-A compiled partition adds ``call_us`` and ``boundary_us`` per tensor crossing it. What the calibration lacks is
-priced by the static table (``cost.py``; ``Prediction.uncalibrated``);
+A compiled partition adds ``call_us`` and ``boundary_us`` per tensor crossing it. What the
+calibration lacks is priced by the static table (``cost.py``; ``Prediction.uncalibrated``);
 ``predict_compile_s`` reads its ``compile`` rows. docs/policies.md ("`calibrated`").
 """
 from __future__ import annotations

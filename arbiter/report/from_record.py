@@ -20,7 +20,7 @@ from ..plan.policy import ONLY
 from ..plan.rules import names
 from ..backend import Backend
 from ..run.record import GraphRecord
-from ..run.step import DYNAMO, all_eager
+from ..run.step import DYNAMO
 from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .accuracy import accuracy_report
 from .choice import step_report
@@ -323,8 +323,8 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
     quantized = quantization_warning(g, backends)
     if quantized:
         warnings.append(quantized)
-    if g.step is not None and g.step.route == DYNAMO and not all_eager(
-            g, {n for n, b in backends.items() if b.inline_aten}):
+    if g.step is not None and g.step.route == DYNAMO and not all(
+            _runs_in_eager(g, p, backends) for p in g.plan.partitions):
         warnings.append("the step runs Dynamo's graph in eager, measured faster than this "
                         "plan (`step`): these partitions no longer run")
     return GraphReport(
@@ -456,8 +456,7 @@ def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
 def _runs_in_eager(g: GraphRecord, p: Partition, backends: Mapping[str, Backend]) -> bool:
     """Whether partition ``p`` of ``g`` runs in eager: the backend running it (the planned
     one before it compiled) runs ATen in place."""
-    rec = g.records.get(p.id)
-    running = rec.backend if rec is not None and rec.backend else p.backend
+    running = g.running(p)
     return running in backends and backends[running].inline_aten
 
 

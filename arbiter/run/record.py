@@ -86,6 +86,12 @@ class GraphRecord:
     def constants(self) -> int:
         return len(self.constant_nodes)
 
+    def running(self, part: Any) -> str:
+        """The backend running partition ``part`` of this graph now: its piece's (after
+        any fallback), the planned one before it compiled."""
+        piece = self.records.get(part.id)
+        return piece.backend if piece is not None and piece.backend else part.backend
+
 
 @dataclass
 class DynamoGraph:

@@ -60,11 +60,7 @@ class StepRecord:
 def all_eager(record: Any, inline: set[str]) -> bool:
     """Whether every partition of ``record`` (a ``GraphRecord``) runs in eager ATen now:
     planned there, or fallen back there."""
-    for p in record.plan.partitions:
-        piece = record.records.get(p.id)
-        if ((piece.backend if piece is not None else "") or p.backend) not in inline:
-            return False
-    return True
+    return all(record.running(p) in inline for p in record.plan.partitions)
 
 
 class StepChoice:
