@@ -16,6 +16,7 @@ import torch
 from arbiter.shapes import graph_is_symbolic, input_values
 
 from ._export import outputs_of
+from ._openvino_plugin import properties_for
 
 FILES = ("model.xml", "model.bin")
 
@@ -49,7 +50,8 @@ def load(backend: Any, entry: dict, files: dict[str, bytes], gm: torch.fx.GraphM
     values = input_values(gm)
     args = tuple(torch.empty(0, dtype=v.dtype) if isinstance(v, torch.Tensor) else 0
                  for v in values)
-    compiled = core.compile_model(model, backend.options.device, backend.properties())
+    compiled = core.compile_model(model, backend.options.device,
+                                  properties_for(model, backend.properties()))
     out = runner(compiled, args, outputs_of(gm), passthrough(model),
                  values if graph_is_symbolic(gm) else None)
     out.model = model

@@ -28,6 +28,7 @@ from arbiter.shapes import graph_is_symbolic, input_values
 from ._export import Runner, check_inputs, distinct_outputs, outputs_of
 from ._nonfinite import ExactNonfinite
 from ._openvino_checks import VALIDATORS
+from ._openvino_plugin import properties_for
 from ._openvino_convert import convert
 
 
@@ -230,7 +231,8 @@ class OpenVino(ExactNonfinite, Backend):
         model = convert(gm, args, _TORCH_TO_OV, dynamic=dynamic)
         core = ov.Core()
         passthrough = _passthrough_outputs(model)
-        compiled = core.compile_model(model, self.options.device, self.properties())
+        compiled = core.compile_model(model, self.options.device,
+                                      properties_for(model, self.properties()))
         runner = OvRunner(compiled, args, outputs_of(gm), passthrough,
                           input_values(gm) if dynamic else None)
         runner.model = model  # what save_artifact writes

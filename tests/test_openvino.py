@@ -280,3 +280,65 @@ def test_a_partition_the_decoder_refuses_converts_by_torch_export(monkeypatch):
     model = oc.convert(gm, (x,), {torch.float32: "f32"})
     assert taken
     torch.testing.assert_close(_run_converted(model, x), ref, **TOL)
+
+
+class _RopeAttention(torch.nn.Module):
+    """Llama's attention in small: rotary embedding on query and key, then SDPA with an
+    additive causal mask (OpenVINO 2026.4's CPU plugin fuses the two)."""
+
+    def __init__(self, heads: int, length: int, dims: int):
+        super().__init__()
+        width = heads * dims
+        self.shape = (heads, dims)
+        self.q, self.k, self.v = (torch.nn.Linear(width, width, bias=False) for _ in range(3))
+        self.register_buffer("mask", torch.triu(torch.full((1, 1, length, length), -1e9), 1))
+        angle = torch.arange(length)[:, None] / 10000 ** (torch.arange(0, dims, 2) / dims)
+        emb = torch.cat([angle, angle], -1)[None, None]
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+
+    def forward(self, x):
+        b, s, _ = x.shape
+
+        def heads(t):
+            return t.view(b, s, *self.shape).transpose(1, 2)
+
+        def rotary(t):
+            half = t.shape[-1] // 2
+            return t * self.cos + torch.cat((-t[..., half:], t[..., :half]), -1) * self.sin
+
+        q, k, v = rotary(heads(self.q(x))), rotary(heads(self.k(x))), heads(self.v(x))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("heads,length", [(4, 4), (4, 5)])
+def test_rotary_attention_with_as_many_heads_as_tokens_matches_eager(heads, length,
+                                                                    monkeypatch):
+    # The CPU plugin's Snippets computed this wrongly when heads == length (errors of
+    # 0.3 on activations of RMS 1, with or without arbiter): such a model is compiled
+    # with Snippets off (backends/_openvino_plugin.py), any other keeps them.
+    from arbiter.backends import openvino as ov_backend
+
+    given = []
+
+    def spy(model, properties):
+        out = properties_for(model, properties)
+        given.append(out.get("SNIPPETS_MODE"))
+        return out
+
+    properties_for = ov_backend.properties_for
+    monkeypatch.setattr(ov_backend, "properties_for", spy)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _RopeAttention(heads, length, 16).eval()
+    x = torch.randn(1, length, heads * 16)
+    be = arbiter.Arbiter({"backends": ["openvino"], "min_block_size": 1,
+                          "against_eager": "off", "verify": {"mode": "off"}})
+    with torch.no_grad():
+        out = torch.compile(model, backend=be)(x)
+        ref = model(x)
+    torch._dynamo.reset()
+    torch.testing.assert_close(out, ref, **TOL)
+    assert {p.backend for p in _parts(be.report())} == {"openvino"}, str(be.report())
+    assert given == ["DISABLE" if heads == length else None]
