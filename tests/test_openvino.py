@@ -342,3 +342,29 @@ def test_rotary_attention_with_as_many_heads_as_tokens_matches_eager(heads, leng
     torch.testing.assert_close(out, ref, **TOL)
     assert {p.backend for p in _parts(be.report())} == {"openvino"}, str(be.report())
     assert given == ["DISABLE" if heads == length else None]
+
+
+def test_a_query_that_sees_no_key_gets_eagers_zeros():
+    # transformers' static cache at batch 2 with left padding: the padded sequence's
+    # first queries see no key (a float mask of -inf across the row). Eager's CPU kernel
+    # returns 0 there; OpenVINO's attention returned NaN, which went into the cache and
+    # that sequence's logits (backends/_openvino_convert.py, _masked_rows_as_eager).
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 16) for _ in range(3))
+    visible = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    visible[1, :, :, :3] = False  # the second sequence's 3 padding positions
+    mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    be = arbiter.Arbiter({"backends": ["openvino"], "min_block_size": 1,
+                          "against_eager": "off", "verify": {"mode": "off"}})
+    with torch.no_grad():
+        ref = Attend()(q, k, v, mask)
+        out = torch.compile(Attend(), backend=be)(q, k, v, mask)
+    torch._dynamo.reset()
+    assert torch.equal(ref[1, :, :3], torch.zeros_like(ref[1, :, :3]))  # eager's zeros
+    torch.testing.assert_close(out, ref, **TOL)
+    assert {p.backend for p in _parts(be.report())} == {"openvino"}, str(be.report())
