@@ -18,7 +18,7 @@ from .measure.calibration import Calibrations
 from .measure.graph import GraphToMeasure, MeasuredGraph
 from .plan.partition import Plan
 from .plan.planner import Planner
-from .plan.policy import GraphContext, Policy
+from .plan.policy import PRIORITY, Choice, GraphContext, Policy
 from .plan.rules import RuleWatch
 from .report.from_record import SHAPE_EAGER_WARN, quantization_warning, shape_eager_share
 from .run import passes
@@ -97,7 +97,7 @@ class GraphCompiler:
         with self.lock:
             record = GraphRecord(graph_id, kind, choice.plan, records, choice.outcome, plan_s,
                                  frozenset(constants), owner=owner, symbols=syms,
-                                 frame=frame)
+                                 frame=frame, support=every_verdict(choice))
             self._graphs.append(record)
             if keep is not None:
                 keep.append(record)
@@ -204,6 +204,16 @@ class GraphCompiler:
         with self.lock:
             record.plan = plan
             record.records = records
+
+
+def every_verdict(choice: Choice) -> Optional[dict]:
+    """The priority plan's node verdicts (what every configured backend said of each
+    node) when the policy weighed it among other candidates, whose own plans know only
+    their backends; None where the chosen plan is the only one made."""
+    for c in choice.candidates:
+        if c.label == PRIORITY:
+            return c.plan.support
+    return None
 
 
 def own_frame(frames: dict, frame: Optional[tuple[int, int]]) -> Optional[tuple[int, int]]:

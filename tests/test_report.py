@@ -203,3 +203,23 @@ def test_policy_decision_and_resources_are_rendered(fresh_dynamo):
     assert rep.resources and "resources in force:" in text
     page = render_html(rep)
     assert line in page and "resources: " in page
+
+
+def test_coverage_names_every_backend_when_one_runs_the_graph_alone(fresh_dynamo,
+                                                                   monkeypatch):
+    # Before: a graph placed on one backend alone (a policy's "only <backend>") had its
+    # coverage and op table read from that candidate's plan, which knows that backend
+    # alone: "onnxruntime 0.0%" and "able: openvino, eager" for ops ONNX Runtime runs.
+    from arbiter.plan import policy
+
+    monkeypatch.setattr(policy, "choose_by_cost", lambda cands: next(
+        c for c in cands if c.label == "only openvino"))
+    model, (x,) = examples.mlp()
+    be = arbiter.Arbiter({"backends": ["onnxruntime", "openvino"], "policy": "cost",
+                          "against_eager": "off", "min_block_size": 1})
+    with torch.no_grad():
+        torch.compile(model.eval(), backend=be)(x)
+    g = be.report().graphs[0]
+    assert g.chosen == "only openvino" and g.placement == {"openvino": g.nodes}
+    assert g.coverage == {"onnxruntime": 100.0, "openvino": 100.0, "eager": 100.0}
+    assert all(o.able == ["onnxruntime", "openvino", "eager"] for o in g.ops), g.ops

@@ -107,3 +107,36 @@ def test_a_timed_candidate_that_fell_back_is_named_in_words():
             "eager (compile: RuntimeError: boom)")
     text, page = _both(g)
     assert line in text and line.replace(">", "&gt;") in page
+
+
+def test_the_summary_counts_a_step_on_dynamos_graph_as_eager():
+    """Before: "ran: onnxruntime 100%" for a training step that runs Dynamo's graph in
+    eager (run/step.py), whose partitions no longer run."""
+    from arbiter.report.model import StepReport
+    from arbiter.report.from_record import kind_reports
+
+    def report(route: str) -> Report:
+        g = _graph(step=StepReport(route=route, reason="timed"))
+        return Report(backends=[BackendStatus(name="onnxruntime", available=True)], graphs=[g],
+                      kinds=kind_reports([g], {"eager"}))
+
+    on_dynamo = report("dynamo eager")
+    assert "ran: eager 100%" in on_dynamo.summary()
+    assert "on Dynamo's graph: 1" in on_dynamo.summary()
+    assert [(b.backend, b.eager) for b in on_dynamo.kinds[0].backends] == [("eager", True)]
+    compiled = report("compiled")
+    assert "ran: onnxruntime 100%" in compiled.summary()
+    assert "Dynamo" not in compiled.summary()
+    assert [b.backend for b in compiled.kinds[0].backends] == ["onnxruntime"]
+    assert "step timed: 1" in report("trial").summary()
+
+
+def test_the_summary_counts_candidates_that_fell_back_while_timed():
+    """Before: "fallbacks: 0" while OpenVINO's candidate had failed its check when timed
+    and the graph ran in eager."""
+    g = _graph(policy="calibrated", chosen="only eager",
+               candidate_fallbacks={"only openvino": [
+                   "partition 0: openvino -> eager (verify: differs from eager)"]})
+    rep = Report(backends=[BackendStatus(name="onnxruntime", available=True)], graphs=[g])
+    assert "fallbacks: 0 (+1 while timed)" in rep.summary()
+    assert Report(graphs=[_graph()]).summary().endswith("fallbacks: 0")

@@ -24,7 +24,7 @@ from ..run.step import DYNAMO
 from ..shapes import REASON as SHAPES_REASON, about_shapes
 from .accuracy import accuracy_report
 from .choice import step_report
-from .model import (BroadcastReport, DistributedReport, FallbackReport,
+from .model import (EAGER_NAME, BroadcastReport, DistributedReport, FallbackReport,
                     FirstUseReport,
                     GraphReport, KindBackendReport, KindReport, NodeReport, OpReport,
                     PartitionReport, PatternReport, RefusalReport, RuleReport, SymbolReport,
@@ -124,12 +124,14 @@ def _verified(entry) -> str:
 
 
 def op_reports(plan: Plan, backends: Mapping[str, Backend],
-               runs_on: Optional[Mapping[int, str]] = None) -> list[OpReport]:
+               runs_on: Optional[Mapping[int, str]] = None,
+               verdicts: Optional[Mapping] = None) -> list[OpReport]:
     """Per ATen op: nodes, able backends (config order), placement and refusals.
 
     ``runs_on``: partition id -> the backend that runs it now (after fallbacks), for the
     compiled partitions; the others count as ``planned`` for their planned backend: a
-    report never says a backend ran what it was only planned to run.
+    report never says a backend ran what it was only planned to run. ``verdicts``: node
+    -> NodeSupport from every backend (``GraphRecord.verdicts``), else ``plan.support``.
     """
     runs_on = runs_on or {}
     part_of = {n: (runs_on[p.id], True) if p.id in runs_on else (p.backend, False)
@@ -140,7 +142,7 @@ def op_reports(plan: Plan, backends: Mapping[str, Backend],
     placed: dict[str, Counter] = {}
     planned: dict[str, Counter] = {}
     refused: dict[str, dict[str, str]] = {}
-    for node, sup in plan.support.items():
+    for node, sup in (plan.support if verdicts is None else verdicts).items():
         if is_getitem(node):
             continue
         op = op_name(node.target)
@@ -161,9 +163,10 @@ def op_reports(plan: Plan, backends: Mapping[str, Backend],
     return out
 
 
-def coverage(plan: Plan, backends: Mapping[str, Backend]) -> dict[str, float]:
-    """Backend -> % of compute nodes it could run (before min_block_size)."""
-    compute = [s for n, s in plan.support.items() if not is_getitem(n)]
+def coverage(verdicts: Mapping, backends: Mapping[str, Backend]) -> dict[str, float]:
+    """Backend -> % of compute nodes it could run (before min_block_size), from each
+    node's verdicts (``GraphRecord.verdicts``)."""
+    compute = [s for n, s in verdicts.items() if not is_getitem(n)]
     total = len(compute) or 1
     return {b: round(100.0 * sum(1 for s in compute if b in s.candidates) / total, 1)
             for b in backends}
@@ -301,7 +304,7 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
             precision=rec.precision or "native",
             quantized=[] if _runs_in_eager(g, p, backends) else quantized_dtypes(compute)))
     refusals: Counter = Counter()
-    for node, sup in g.plan.support.items():
+    for node, sup in g.verdicts.items():
         if is_getitem(node):
             continue
         for backend, reason in sup.refusals.items():
@@ -342,8 +345,9 @@ def graph_report(g: GraphRecord, backends: Mapping[str, Backend],
         candidates_spread_ms=dict(o.spread_ms), measure_rounds=o.rounds,
         measure_confident=o.confident, measure_broadcast=o.broadcast,
         measure_rank=o.rank, measure_world_size=o.world_size,
-        ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled}),
-        coverage=coverage(g.plan, backends),
+        ops=op_reports(g.plan, backends, {x.id: x.backend for x in parts if x.compiled},
+                       g.verdicts),
+        coverage=coverage(g.verdicts, backends),
         placement=dict(sorted(placement.items())), planned=dict(sorted(planned.items())),
         graph=node_reports(g.plan),
         rules=rule_reports(g.plan, parts, pin or {}, exclude or [], o.policy),
@@ -372,16 +376,17 @@ def kind_reports(graphs: list[GraphReport], eager: Collection[str]) -> list[Kind
     for kind in order:
         parts = [p for g in by_kind[kind] for p in g.partitions]
         groups: dict[tuple[str, bool], list[PartitionReport]] = {}
-        for p in parts:
-            key = (p.backend, True) if p.compiled else (p.planned_backend, False)
-            groups.setdefault(key, []).append(p)
+        for g in by_kind[kind]:
+            for p in g.partitions:  # Dynamo's graph in eager: its nodes count as eager's
+                key = (g.ran_on(p), p.compiled or g.on_dynamo_graph)
+                groups.setdefault(key, []).append(p)
         backends = []
         for (name, compiled), ps in groups.items():
             ops: Counter = Counter()
             for p in ps:
                 ops.update(p.ops)
             backends.append(KindBackendReport(
-                backend=name, compiled=compiled, eager=name in eager,
+                backend=name, compiled=compiled, eager=name in eager or name == EAGER_NAME,
                 nodes=sum(p.nodes for p in ps), partitions=len(ps),
                 ops=dict(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
                 fell_back_nodes=sum(p.nodes for p in ps if p.backend != p.planned_backend)
@@ -448,7 +453,7 @@ def shape_eager_share(g: GraphRecord, backends: Mapping[str, Backend]) -> float:
                 continue
             total += 1
             if eager and (fell or any(about_shapes(r)
-                                      for r in g.plan.support[n].refusals.values())):
+                                      for r in g.verdict(n).refusals.values())):
                 shaped += 1
     return shaped / total if total else 0.0
 
@@ -486,7 +491,7 @@ def quantization_in_eager(g: GraphRecord, backends: Mapping[str, Backend]
         for n in p.nodes:
             if is_quantization(n):
                 found[op_name(n.target)] += 1
-                refusals = g.plan.support[n].refusals
+                refusals = g.verdict(n).refusals
                 if why is None and refusals:
                     why = "; ".join(f"{b}: {r}" for b, r in list(refusals.items())[:2])
     return found, why

@@ -226,6 +226,12 @@ class SymbolReport(BaseModel):
     data_dependent: bool = Field(False, description="a size computed from data (nonzero)")
 
 
+#: StepReport.route when the step runs Dynamo's graph in eager, and the name its nodes
+#: are counted under in the summary and the per-kind table
+DYNAMO_EAGER = "dynamo eager"
+EAGER_NAME = "eager"
+
+
 class StepReport(BaseModel):
     """A training graph's compiled plan against Dynamo's own graph in eager (run/step.py)."""
 
@@ -314,6 +320,18 @@ class GraphReport(BaseModel):
     shape_eager_share: float = Field(0.0, description="share of the graph's tensor "
                                      "compute nodes run in eager because of symbolic shapes")
     warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def on_dynamo_graph(self) -> bool:
+        """Whether the step runs Dynamo's graph in eager now: the partitions do not run."""
+        return self.step is not None and self.step.route == DYNAMO_EAGER
+
+    def ran_on(self, p: "PartitionReport") -> str:
+        """What runs ``p``'s nodes now: ``eager`` where the step runs Dynamo's graph,
+        else the backend running it (compiled) or planned to (not compiled yet)."""
+        if self.on_dynamo_graph:
+            return EAGER_NAME
+        return p.backend if p.compiled else p.planned_backend
 
 
 class BackendStatus(BaseModel):
@@ -493,15 +511,20 @@ class Report(BaseModel):
             return NOT_CALLED
         parts = [p for g in self.graphs for p in g.partitions]
         by: dict[str, int] = {}
-        for p in parts:
-            # Not compiled (a dry run, or before the first call): the plan, said so.
-            b = p.backend if p.compiled else p.planned_backend
-            n = tensor_op_count(p.ops) if p.ops else p.nodes
-            if n:
-                by[b] = by.get(b, 0) + n
+        for g in self.graphs:
+            for p in g.partitions:
+                # Not compiled (a dry run, or before the first call): the plan, said so.
+                b = g.ran_on(p)
+                n = tensor_op_count(p.ops) if p.ops else p.nodes
+                if n:
+                    by[b] = by.get(b, 0) + n
         total = sum(by.values()) or 1
         share = ", ".join(f"{b} {n / total:.0%}" for b, n in sorted(by.items(), key=lambda x: -x[1]))
         falls = sum(len(p.fallbacks) for p in parts)
+        # candidates not chosen whose partitions failed while timed: a backend that
+        # failed must show (their partitions do not run; the graph's line says which)
+        timed_falls = sum(len(v) for g in self.graphs for v in g.candidate_fallbacks.values())
+        falls_text = f"{falls} (+{timed_falls} while timed)" if timed_falls else f"{falls}"
         recompiles = len({(g.frame, g.recompile) for g in self.graphs if g.recompile})
         shaped = f"; recompiles: {recompiles}" if recompiles else ""
         breaks = f"; graph breaks: {self.graph_breaks.breaks}" if self.graph_breaks else ""
@@ -513,12 +536,17 @@ class Report(BaseModel):
             failed = sum(r == "failed" for r in checks)
             breaks += (f"; first-use checks: {len(checks)}"
                        + (f" ({failed} failed)" if failed else ""))
+        routes = [g.step.route for g in self.graphs if g.step is not None]
+        if DYNAMO_EAGER in routes or "trial" in routes:  # training (run/step.py)
+            breaks += (f"; on Dynamo's graph: {routes.count(DYNAMO_EAGER)}"
+                       if DYNAMO_EAGER in routes else "") + \
+                (f"; step timed: {routes.count('trial')}" if "trial" in routes else "")
         # Short enough for one line of a 100-column terminal with 3-4 backends.
         ran = "ran" if parts and all(p.compiled for p in parts) else \
             "planned" if not any(p.compiled for p in parts) else "ran or planned"
         return (f"{plural(len(self.graphs), 'graph')}, {plural(len(parts), 'partition')}; "
                 f"{ran}: {share or '-'}; "
-                f"fallbacks: {falls}{shaped}{breaks}")
+                f"fallbacks: {falls_text}{shaped}{breaks}")
 
     def __str__(self) -> str:
         # The one text rendering (arbiter/report/text.py), plain: no rich, no wrapping.

@@ -81,6 +81,20 @@ class GraphRecord:
     frame: Optional[tuple[int, int]] = None  # Dynamo's (frame id, compile index of that frame)
     # a training graph's compiled plan against Dynamo's graph in eager (run/step.py)
     step: Optional[StepRecord] = None
+    # node -> what every configured backend said of it (the priority plan's verdicts):
+    # a single-backend plan's own ``support`` knows only its backend (the report's
+    # coverage and op table read this); None: ``plan.support``
+    support: Optional[dict] = None
+
+    @property
+    def verdicts(self) -> dict:
+        """Node -> its NodeSupport from every configured backend (see ``support``)."""
+        return self.support if self.support is not None else self.plan.support
+
+    def verdict(self, node: Any) -> Any:
+        """``node``'s NodeSupport from every configured backend, else the plan's own."""
+        found = self.support.get(node) if self.support is not None else None
+        return found if found is not None else self.plan.support[node]
 
     @property
     def constants(self) -> int:
