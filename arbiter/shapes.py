@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -337,7 +337,7 @@ _MAX_CANDIDATES = 4000
 
 
 def second_assignment(values: Sequence[Any], args: Sequence[Any],
-                      tied: bool = False) -> Optional[SecondShape]:
+                      tied: bool = False, hold: Collection = ()) -> Optional[SecondShape]:
     """Values of the inputs' symbols larger than those of ``args`` (a real call), within
     the symbols' ranges and satisfying every guard and runtime assert of the ShapeEnv
     that involves them. Values of different symbols differ from each other and from the
@@ -345,8 +345,9 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
     merged two is caught. With ``tied``, symbols equal at ``args`` move together (a
     decoder's key/value length, its mask's and its positions' are separate symbols that
     the model needs equal, which no guard says: moved apart, eager itself fails or
-    computes infinities). None when no such assignment is found, or a symbol cannot be
-    read from the arguments."""
+    computes infinities). Symbols in ``hold`` keep their value (``held_symbols``). None
+    when no such assignment is found, nothing moves, or a symbol cannot be read from the
+    arguments."""
     reader = Reader(values)
     env = reader.env
     if env is None or reader.unbound:
@@ -361,12 +362,17 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
         if isinstance(v, torch.Tensor):
             statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
     lows = {s: bounds(s, env)[0] for s in syms}
+    moving = [s for s in syms if s not in hold]
+    if not moving:
+        return None
     # the symbols that move as one: each alone, or (tied) those of one first value
-    groups = tied_groups({s: first[s] for s in syms}) if tied else [[s] for s in syms]
+    groups = tied_groups({s: first[s] for s in moving}) if tied else [[s] for s in moving]
+    kept = {s: first[s] for s in syms if s in hold}
     tried = 0
     for distinct in (True, False):
         for deltas in _candidate_deltas(len(groups)):
             cand = {s: first[s] + d for group, d in zip(groups, deltas) for s in group}
+            cand.update(kept)
             if any(v < max(lows[s], 0) for s, v in cand.items()):
                 continue
             if distinct:
@@ -383,6 +389,21 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
             if tried > _MAX_CANDIDATES:
                 return None
     return None
+
+
+def held_symbols(values: Sequence[Any], args: Sequence[Any]) -> set:
+    """The symbols whose value at ``args`` is a static size of some input: a size the
+    model may need the symbol to equal, under another name no guard states (the batch of
+    a decoder's step beside a tensor traced with that batch as a constant: moved, eager
+    indexes past it). A second shape may keep them (``second_assignment``'s ``hold``)."""
+    reader = Reader(values)
+    if reader.env is None or reader.unbound:
+        return set()
+    statics = set()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
+    return {s for s, v in reader.bind(args).items() if v in statics}
 
 
 def tied_groups(values: dict) -> list[list]:

@@ -265,6 +265,36 @@ def test_right_artifact_passes_the_second_shape_check(make_backend, fresh_dynamo
     assert len(arbiter.get_backend_class("honest").compiled) == 1
 
 
+def test_a_symbol_equal_to_a_static_size_is_held_at_the_second_shape(make_backend,
+                                                                       fresh_dynamo):
+    # A decode step at batch 2 whose graph also holds a tensor traced with batch 2 as a
+    # constant (Qwen2's dynamic cache after a batch-1 generate()): moved to batch 3, eager
+    # itself indexes past it, so every second shape failed and the partition compiled once
+    # per decode length. The batch is now kept, the length moved, and the artifact held
+    # to that batch per call.
+    make_backend("honest", ["aten.sum.dim_IntList", "aten.add.Tensor", "aten.index.Tensor",
+                            "aten.arange.default"], dynamic=True)
+    be = arbiter.Arbiter({"backends": ["honest"], "min_block_size": 1,
+                          "shapes": {"max_specializations": 0}})
+
+    def f(x, table):
+        rows = torch.arange(x.shape[0])
+        return x.sum(1, keepdim=True) + table[rows]
+
+    table = torch.randn(2, 4)
+    compiled = torch.compile(f, backend=be, dynamic=False)
+    for t in (5, 6, 9):
+        x = torch.randn(2, t)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(compiled(x, table), f(x, table))
+    with pytest.raises(IndexError):  # the user's model refuses batch 3, as in eager
+        compiled(torch.randn(3, 5), table)
+    part = next(p for g in be.report().graphs for p in g.partitions if p.backend == "honest")
+    assert part.shapes == "symbolic" and part.fallbacks == [], part
+    assert len(arbiter.get_backend_class("honest").compiled) == 1
+
+
 def test_symbolic_outputs_keep_eagers_layout(make_backend, fresh_dynamo):
     # a backend returning contiguous results where eager returns a transpose: the output
     # is copied into eager's layout (later views were traced against it)

@@ -37,8 +37,8 @@ from ..decompose import for_backend, for_symbolic
 from ..errors import describe
 from ..ops import all_finite, output_values
 from ..backend import Backend
-from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, input_values,
-                      inputs_at, second_assignment, shape_env_of, tied_groups)
+from ..shapes import (REASON, Reader, SecondShape, expr, graph_is_symbolic, held_symbols,
+                      input_values, inputs_at, second_assignment, shape_env_of, tied_groups)
 from .chain import Entry, Link, Mode, link_of
 from .checks.verify import compare
 
@@ -106,8 +106,11 @@ class Symbolic(Entry):
             # (eager fails or computes infinities there, or the artifact refuses them)
             tied = second_assignment(values, args, tied=True)
             if tied is None or tied.assignment == second.assignment:
-                raise
-            check_second_shape(wrapped, gm, args, tied, self.tolerances)
+                return self._held(wrapped, gm, args, second, exc)
+            try:
+                check_second_shape(wrapped, gm, args, tied, self.tolerances)
+            except ShapeError as tied_exc:
+                return self._held(wrapped, gm, args, tied, tied_exc)
             wrapped.tie(tied.first)
             log.info("%s: symbolic artifact checked at a second shape with the symbols "
                      "equal at the first call tied (%s; %s), and held to them per call",
@@ -115,6 +118,28 @@ class Symbolic(Entry):
             return wrapped
         log.info("%s: symbolic artifact checked at a second shape (%s)", self.name,
                  second.describe())
+        return wrapped
+
+    def _held(self, wrapped: "Checked", gm: torch.fx.GraphModule, args: Sequence[Any],
+              tried: SecondShape, exc: ShapeError) -> "Checked":
+        """The last try: the tied check again with the symbols that equal a static size
+        of some input kept at their value (``held_symbols``: a decoder step's batch
+        beside a tensor traced with that batch as a constant, where eager itself failed
+        with the batch moved). The artifact is then held to those values per call (a
+        decode loop keeps its batch; another batch raises and goes down the chain).
+        Raises ``exc`` (the failure at ``tried``) where nothing is held or no other
+        shape is left."""
+        values = input_values(gm)
+        held = held_symbols(values, args)
+        kept = second_assignment(values, args, tied=True, hold=held) if held else None
+        if kept is None or kept.assignment == tried.assignment:
+            raise exc
+        check_second_shape(wrapped, gm, args, kept, self.tolerances)
+        wrapped.tie(kept.first)
+        wrapped.hold({s: kept.first[s] for s in held if s in kept.first})
+        log.info("%s: symbolic artifact checked at a second shape with the symbols equal "
+                 "at the first call tied and those equal to a static size kept (%s; %s), "
+                 "and held to them per call", self.name, kept.describe(), exc)
         return wrapped
 
 
@@ -127,6 +152,7 @@ class Checked:
         reader = self._reader = Reader(input_values(gm))
         self._outputs = OutputCheck(gm)
         self._ties: Any = None  # (symbols' reader, group sizes, words): ``tie``
+        self._held: Any = None  # (symbols' reader, their values, words): ``hold``
         self._guards = None
         self._guard_text = ""
         if added_guards:
@@ -151,6 +177,18 @@ class Checked:
         sizes = [len(g) for g in tied]
         self._ties = (fn, sizes, ", ".join(" = ".join(map(str, g)) for g in tied))
 
+    def hold(self, values: dict) -> None:
+        """Hold the artifact to calls where these symbols (symbol -> value) have these
+        values: it was checked only so (``Symbolic._held``)."""
+        if not values:
+            return
+        syms = list(values)
+        fn = self._reader.function(syms, "held")
+        if fn is None:
+            raise ShapeError(f"{R}: the held symbols cannot be read per call")
+        self._held = (fn, [values[s] for s in syms],
+                      ", ".join(f"{s} = {values[s]}" for s in syms))
+
     def _tied(self, args: Sequence[Any]) -> bool:
         fn, sizes, _ = self._ties
         vals, at = fn(args), 0
@@ -174,6 +212,9 @@ class Checked:
         if self._ties is not None and not self._tied(args):
             raise ShapeError(f"{R}: this call's sizes are not equal where the artifact was "
                              f"checked with them equal ({self._ties[2][:200]})")
+        if self._held is not None and list(self._held[0](args)) != self._held[1]:
+            raise ShapeError(f"{R}: this call's sizes differ from those the artifact was "
+                             f"checked with held ({self._held[2][:200]})")
         return self._outputs(args, self.fn(*args))
 
 
