@@ -601,3 +601,24 @@ def test_writes_into_inputs_and_size_arithmetic_cut_nothing():
     assert _cuts(plan) == 1
     plan.partitions.append(SimpleNamespace(nodes=compute))
     assert _cuts(plan) == 2
+
+
+def test_a_timed_candidate_that_falls_back_gets_a_stand_in(make_backend, fresh_dynamo):
+    # Before: the predicted best (OpenVINO on a left-padded prefill) failed its first-use
+    # check while warming up, and the race was its fallback (eager) against eager whole:
+    # ONNX Runtime, predicted next, was never timed and the graph ran in eager.
+    make_backend("liar", OPS, compile=lambda self, gm, a: (
+        lambda *x: [o + 1 for o in gm(*x)]))
+    make_backend("honest", OPS)
+    be = arbiter.Arbiter({"backends": ["liar", "honest"], "policy": "calibrated",
+                          "min_block_size": 1, "against_eager": "all"})
+    table = {"liar": calib(5.0), "honest": calib(40.0), "eager": calib(0, node_us=50)}
+    be.planner.calibration = lambda measure=True: table
+    args = _args()
+    out = torch.compile(mlp, backend=be)(*args)
+    torch.testing.assert_close(out, mlp(*args))
+    (g,) = be.report().graphs
+    # the predicted best (liar first in config order: `priority`) fell back while timed
+    assert g.candidates_ms["priority"] is not None and g.candidate_fallbacks["priority"]
+    assert g.candidates_ms["only honest"] is not None, g.candidates_ms  # timed in its place
+    assert g.chosen != "priority" and not g.partitions[0].fallbacks, g

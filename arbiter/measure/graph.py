@@ -99,6 +99,7 @@ class MeasuredGraph:
         self._opts = options
         self._cache = cache
         self.candidates = list(timed.candidates)  # refined and mixed ones join these
+        self._reserve = list(timed.reserve)  # timed in the place of one that fell back
         self._margin = timed.margin  # the policy's own plan gives way only past this
         self._label = graph.label
         self._rerun = Rerun(graph.gm)  # re-runs of a graph that writes its inputs
@@ -293,7 +294,26 @@ class MeasuredGraph:
             elif not timing.tried(cand, lambda c=cand: timing.prepare(c, args)):
                 continue
             ready.append(cand)
+            stand_in = self._stand_in(cand)
+            if stand_in is not None:
+                order.append(stand_in)
         timing.rounds(ready, args, confident_stop=True)
+
+    def _stand_in(self, cand: Candidate) -> Optional[Candidate]:
+        """The reserve's best candidate, when ``cand``'s partitions fell back while it
+        warmed up (timed, it would race what its fallbacks run, not its placement: a
+        prefill whose OpenVINO partition failed its check raced eager with eager, and
+        ONNX Runtime, predicted best, was never timed); None otherwise. It joins the
+        candidates, timed like them."""
+        ready = self._timing.ready.get(cand.label)
+        if ready is None or not self._reserve or not any(
+                f.to_backend != f.from_backend for p in ready.pieces for f in p.record.fallbacks):
+            return None
+        stand_in = self._reserve.pop(0)
+        self.candidates.append(stand_in)
+        log.info("%s: candidate %s fell back while warming up; %s is timed in its place "
+                 "too", self._label, cand.label, stand_in.label)
+        return stand_in
 
     def _mix(self, args: list) -> None:
         """The mixed candidate; its failure leaves the whole-graph choice standing."""

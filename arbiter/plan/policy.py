@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Optional
 
 import torch.fx
@@ -129,6 +129,10 @@ class TimedChoice:
     # the mixed candidate and refinement follow the candidates (config `measure.mix`,
     # `measure.refine`)
     search: bool = False
+    # untimed compiled candidates, best predicted first: one is timed in the place of a
+    # timed candidate whose partitions fell back while it warmed up (a backend failing
+    # its check left that candidate running something else than predicted)
+    reserve: tuple = ()
 
 
 @dataclass
@@ -430,8 +434,9 @@ class Calibrated(Policy):
         simple = _simpler(planner, best, rest, graph)
         simple += [c for c in int8_rivals(best, rest, planner.inline)
                    if c is not runner and c not in simple]
+        eager = ONLY + planner.fallback_name
         if runner is None and not simple:
-            return base
+            return _with_reserve(base, rest, eager)
         timed = [best]
         keys = {plan_key(best.plan)}
         for c in ([runner] if runner is not None else []) + simple + \
@@ -440,12 +445,24 @@ class Calibrated(Policy):
                 keys.add(plan_key(c.plan))
                 timed.append(c)
         if len(timed) < 2:
-            return base
+            return _with_reserve(base, rest, eager)
         if simple and not choice.outcome.against_eager:
             choice.outcome.against_eager = any(ONLY + planner.fallback_name in c.labels
                                                for c in timed)
         margin = base.margin if base is not None else (EAGER_MARGIN if simple else 0.0)
-        return TimedChoice(timed, margin, search=False)
+        return _with_reserve(TimedChoice(timed, margin, search=False), rest, eager)
+
+
+def _with_reserve(timed: Optional[TimedChoice], rest: list[Candidate],
+                  eager: str) -> Optional[TimedChoice]:
+    """``timed`` with the compiled candidates of ``rest`` (best predicted first) it does
+    not time as its reserve (``TimedChoice.reserve``)."""
+    if timed is None:
+        return None
+    keys = {plan_key(c.plan) for c in timed.candidates}
+    reserve = tuple(c for c in rest if plan_key(c.plan) not in keys
+                    and eager not in c.labels and not c.lowered)
+    return replace(timed, reserve=reserve)
 
 
 def _simpler(planner: Planner, best: Candidate, rest: list[Candidate],
