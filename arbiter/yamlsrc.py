@@ -16,6 +16,7 @@ composed. The loader is PyYAML's safe one: no tag constructs a Python object.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,7 +61,16 @@ class Located:
                    line=self.line_of(path))
 
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """PyYAML's safe loader (its C one where built), reading ``1e-3`` as a float as YAML
+    1.2 does: YAML 1.1's float needs a dot (``1.0e-3``), and ``rtol: 1e-3``, the first
+    tolerance a user writes, was the string '1e-3', refused as "not a valid number"."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 #: Largest file read (the biggest shipped manifest is 0.16 MB).
 MAX_BYTES = 8 * 1024 * 1024

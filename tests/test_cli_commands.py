@@ -243,3 +243,33 @@ def test_backends_shows_the_calibration_the_cache_holds(tmp_path, monkeypatch):
     pinned = calibration_lines()
     assert pinned[:-1] == lines
     assert "pinned file /some/where/calibration.json" in pinned[-1]
+
+
+def test_output_paths_and_dynamic_ranges_are_checked_before_the_work(tmp_path, capsys,
+                                                                      monkeypatch):
+    # Before: a raw traceback after the whole compile (report --html to a missing folder,
+    # export --out a directory), or torch's AssertionError for --dynamic 0.0=64:2.
+    from arbiter.cli import report as report_cmd
+
+    monkeypatch.setattr(report_cmd, "build_report", lambda *a, **k: pytest.fail("compiled"))
+    cases = [(["report", "mlp", "--html", str(tmp_path / "no" / "r.html")],
+              "--html .*the folder .* does not exist"),
+             (["report", "mlp", "--json", str(tmp_path)], "--json .*is a directory"),
+             (["export", "mlp", "--out", str(tmp_path)], "is a directory"),
+             (["export", "mlp", "--out", str(tmp_path / "m.arbiter"), "--dynamic", "0.0=64:2"],
+              "MIN 64 is above MAX 2"),
+             (["export", "mlp", "--out", str(tmp_path / "m.arbiter"), "--dynamic", "0.5=2:64"],
+              r"input 0 has 2 dimension\(s\) \(0 to 1\)"),
+             (["export", "mlp", "--out", str(tmp_path / "m.arbiter"), "--dynamic", "0.0=2:64",
+               "--dynamic", "0.0=2:32"], "dimension 0 of input 0 is given twice")]
+    from arbiter.deploy import saving
+
+    monkeypatch.setattr(saving, "save", lambda *a, **k: pytest.fail("exported"))
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert re.search(message, capsys.readouterr().err), argv
+    assert list(tmp_path.iterdir()) == []
+    factory = tmp_path / "models.py"
+    factory.write_text("notfunc = 3\n")
+    assert main(["report", f"{factory}:notfunc", "--dry-run"]) == 2
+    assert "is a int, not a function returning (model, inputs)" in capsys.readouterr().err

@@ -356,3 +356,15 @@ def test_config_reference_is_current():
     doc = Path(__file__).resolve().parent.parent / "docs" / "config.md"
     assert out.stdout == doc.read_text(), \
         "docs/config.md is stale: run python -m arbiter.config.doc --write"
+
+
+def test_exponents_without_a_dot_are_numbers(tmp_path):
+    # YAML 1.1 (PyYAML's) reads 1e-3 as a string: `rtol: 1e-3` was refused as "Input
+    # should be a valid number (got '1e-3')"
+    path = tmp_path / "c.yaml"
+    path.write_text("backends: [onnxruntime]\ncompile_timeout_s: 3e2\n"
+                    "verify: {tolerances: {float32: {rtol: 1e-3, atol: 1E-5}}}\n")
+    cfg = load_config(str(path))
+    assert cfg.compile_timeout_s == 300.0
+    tol = cfg.verify.tolerances["float32"]
+    assert (tol.rtol, tol.atol) == (1e-3, 1e-5)

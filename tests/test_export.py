@@ -618,3 +618,29 @@ def test_a_version_2_file_loads(saved, tmp_path):
     with torch.no_grad():
         assert torch.allclose(loaded(x), model(x), atol=1e-5)
     assert loaded.report().deployed.partitions[0].loaded == "saved artifact"
+
+
+def test_saving_to_a_directory_or_a_missing_folder_is_named_and_leaves_nothing(tmp_path):
+    # Before: IsADirectoryError / FileNotFoundError from os.replace naming the internal
+    # PATH.tmp, which stayed behind; two saves to one path shared that name.
+    program = arbiter.export(*mlp(), config=EAGER)
+    with pytest.raises(ArbiterError, match="is a directory"):
+        program.save(tmp_path)
+    with pytest.raises(ArbiterError, match="does not exist"):
+        program.save(tmp_path / "nowhere" / "m.arbiter")
+    assert list(tmp_path.iterdir()) == []
+    program.save(tmp_path / "m.arbiter")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.arbiter"]  # no temporary left
+    from arbiter.deploy import archive
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    original = archive.zipfile.ZipFile.writestr
+    archive.zipfile.ZipFile.writestr = broken
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            program.save(tmp_path / "n.arbiter")
+    finally:
+        archive.zipfile.ZipFile.writestr = original
+    assert [p.name for p in tmp_path.iterdir()] == ["m.arbiter"]  # the partial one removed

@@ -278,7 +278,11 @@ def load_model(spec: str):
         if not hasattr(module, func):
             names = [n for n in dir(module) if not n.startswith("_")]
             raise ArbiterError(f"{path}: no function {func!r}{did_you_mean(func, names)}")
-        return model_and_inputs(getattr(module, func)(), f"{path}:{func}")
+        factory = getattr(module, func)
+        if not callable(factory):
+            raise ArbiterError(f"{path}:{func} is a {type(factory).__name__}, not a function "
+                               "returning (model, inputs)")
+        return model_and_inputs(factory(), f"{path}:{func}")
     if spec not in EXAMPLES:
         raise ArbiterError(f"unknown model {spec!r}{did_you_mean(spec, EXAMPLES)}; built-in: "
                            f"{', '.join(EXAMPLES)}, or path/to/file.py:factory")

@@ -30,8 +30,9 @@ def add_arguments(parser) -> None:
                         help="a symbolic dimension of a positional input, with its range")
 
 
-def dynamic_shapes(specs: list[str], n_args: int):
-    """``--dynamic`` values -> torch.export's dynamic_shapes (a tuple per positional arg)."""
+def dynamic_shapes(specs: list[str], inputs: tuple):
+    """``--dynamic`` values -> torch.export's dynamic_shapes (a tuple per positional
+    input); ArbiterError naming the value where it cannot apply to ``inputs``."""
     import re
 
     import torch
@@ -40,14 +41,26 @@ def dynamic_shapes(specs: list[str], n_args: int):
 
     if not specs:
         return None
-    shapes: list = [None] * n_args
+    shapes: list = [None] * len(inputs)
     for k, spec in enumerate(specs):
         m = re.fullmatch(r"(\d+)\.(\d+)=(\d+):(\d+)", spec.strip())
         if m is None:
             raise ArbiterError(f"--dynamic {spec!r}: expected ARG.DIM=MIN:MAX, e.g. 0.0=2:64")
         arg, dim, lo, hi = map(int, m.groups())
-        if arg >= n_args:
-            raise ArbiterError(f"--dynamic {spec!r}: the model takes {n_args} input(s)")
+        if arg >= len(inputs):
+            raise ArbiterError(f"--dynamic {spec!r}: the model takes {len(inputs)} input(s)")
+        rank = inputs[arg].dim() if isinstance(inputs[arg], torch.Tensor) else None
+        if rank is None:
+            raise ArbiterError(f"--dynamic {spec!r}: input {arg} is a "
+                               f"{type(inputs[arg]).__name__}, not a tensor")
+        if dim >= rank:
+            raise ArbiterError(f"--dynamic {spec!r}: input {arg} has {rank} dimension(s) "
+                               f"(0 to {rank - 1})")
+        if lo > hi:
+            raise ArbiterError(f"--dynamic {spec!r}: MIN {lo} is above MAX {hi}")
+        if dim in (shapes[arg] or {}):
+            raise ArbiterError(f"--dynamic {spec!r}: dimension {dim} of input {arg} is "
+                               "given twice")
         shapes[arg] = dict(shapes[arg] or {})
         shapes[arg][dim] = torch.export.Dim(f"d{arg}_{dim}_{k}", min=lo, max=hi)
     return tuple(shapes)
@@ -55,15 +68,17 @@ def dynamic_shapes(specs: list[str], n_args: int):
 
 def run(args) -> int:
     from ..deploy import export
+    from ..deploy.archive import writable
     from .examples import load_model
 
+    writable(args.out)  # before the export's work, not after it
     model, inputs = load_model(args.model)
     inputs = tuple(inputs)
     if hasattr(model, "eval"):
         model = model.eval()
+    shapes = dynamic_shapes(args.dynamic, inputs)
     start = time.perf_counter()
-    program = export(model, inputs, dynamic_shapes=dynamic_shapes(args.dynamic, len(inputs)),
-                     config=args.config)
+    program = export(model, inputs, dynamic_shapes=shapes, config=args.config)
     compiled = time.perf_counter() - start
     program.save(args.out)
     report = program.report()

@@ -29,6 +29,8 @@ arbiter/config/ and the backends' Options; edit those, not this file. -->
 A config is YAML, a dict, or an `arbiter.Config`. `arbiter.load_config(src)` accepts a path,
 the name of a shipped config (`default`, `cpu`, `cpu_all`), a dict, a Config, or None (the
 embedded default). Unknown keys are errors; so are booleans where a number is wanted.
+Numbers are read as YAML 1.2 reads them: `1e-3` is a float, as `1.0e-3` is (PyYAML's
+YAML 1.1 alone would take the first for a string).
 
 A config is trusted input: it names the backends, and the options, that run in this
 process, so load only configs you would run as code. What arbiter still refuses from one

@@ -13,9 +13,11 @@ while the next is read. docs/deploy.md ("Loading, and what is checked").
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import secrets
 import struct
 import zipfile
 from pathlib import Path
@@ -40,19 +42,41 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature 
 CHUNK = 16 * 1024 * 1024
 
 
+def writable(path: str | os.PathLike) -> Path:
+    """``path`` as a file a program can be saved to: ArbiterError naming it where it is a
+    directory or its folder does not exist (checked before an export's work, too)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ArbiterError(f"{path}: is a directory; give a file path to save the program to")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ArbiterError(f"{path}: the folder {folder} does not exist")
+    return path
+
+
 def write(path: str | os.PathLike, manifest: dict[str, Any], files: dict[str, bytes]) -> None:
     """Write ``files`` and ``manifest`` (its ``files`` key filled in) to ``path``,
-    atomically (a temporary file renamed)."""
+    atomically (a temporary file of its own in the same folder, renamed; removed if
+    anything fails)."""
     manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION,
                     files={name: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()}
                            for name, b in files.items()})
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-        for name, blob in files.items():
-            zf.writestr(name, blob)
-    os.replace(tmp, path)
+    path = writable(path)
+    # a name no other save picks (two saves to one path at once each write their own),
+    # created as open() creates files: the user's umask applies
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as raw, \
+                zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            for name, blob in files.items():
+                zf.writestr(name, blob)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class Archive:

@@ -80,6 +80,16 @@ class GraphToMeasure:
     before_s: float = 0.0  # arbiter's work on it before its first call (trace, planning)
 
 
+def fell_back(timing: Timing, cand: Candidate) -> bool:
+    """Whether ``cand``'s partitions fell back to another backend while it warmed up:
+    timed, it would race what its fallbacks run, not its placement (a prefill whose
+    OpenVINO partition failed its check raced eager against eager, and ONNX Runtime,
+    predicted next, was never timed), so the reserve's best is timed beside it."""
+    ready = timing.ready.get(cand.label)
+    return ready is not None and any(f.to_backend != f.from_backend for p in ready.pieces
+                                     for f in p.record.fallbacks)
+
+
 class MeasuredGraph:
     """Callable standing for one graph until its first call has chosen; see the module
     docstring."""
@@ -294,26 +304,13 @@ class MeasuredGraph:
             elif not timing.tried(cand, lambda c=cand: timing.prepare(c, args)):
                 continue
             ready.append(cand)
-            stand_in = self._stand_in(cand)
-            if stand_in is not None:
+            if self._reserve and fell_back(timing, cand):
+                stand_in = self._reserve.pop(0)  # timed beside it: see fell_back
+                self.candidates.append(stand_in)
                 order.append(stand_in)
+                log.info("%s: candidate %s fell back while warming up; %s is timed in its "
+                         "place too", self._label, cand.label, stand_in.label)
         timing.rounds(ready, args, confident_stop=True)
-
-    def _stand_in(self, cand: Candidate) -> Optional[Candidate]:
-        """The reserve's best candidate, when ``cand``'s partitions fell back while it
-        warmed up (timed, it would race what its fallbacks run, not its placement: a
-        prefill whose OpenVINO partition failed its check raced eager with eager, and
-        ONNX Runtime, predicted best, was never timed); None otherwise. It joins the
-        candidates, timed like them."""
-        ready = self._timing.ready.get(cand.label)
-        if ready is None or not self._reserve or not any(
-                f.to_backend != f.from_backend for p in ready.pieces for f in p.record.fallbacks):
-            return None
-        stand_in = self._reserve.pop(0)
-        self.candidates.append(stand_in)
-        log.info("%s: candidate %s fell back while warming up; %s is timed in its place "
-                 "too", self._label, cand.label, stand_in.label)
-        return stand_in
 
     def _mix(self, args: list) -> None:
         """The mixed candidate; its failure leaves the whole-graph choice standing."""
