@@ -326,4 +326,4 @@ def load_config(src: ConfigLike = None) -> Config:
                                   f"{', '.join(sorted(shipped))}", file=str(src))
             path = shipped[str(src)]
         return _from_located(load_file(path))
-    raise ArbiterError(f"a config is a path, a dict or an arbiter.Config, not {type(src).__name__}")
+    raise ConfigError(f"a config is a path, a dict or an arbiter.Config, not {type(src).__name__}")
