@@ -18,6 +18,7 @@ import operator
 
 import torch
 
+from arbiter.decompose.masked_rows import guard_masked_rows
 from arbiter.ops import is_dequantize, is_quantize
 from arbiter.shapes import bounds, expr, input_values, shape_env_of
 
@@ -94,8 +95,8 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
       query's first (``_repeat_heads``): OpenVINO's attention takes equal heads only
       ("key_input_correctness"), and its translation of the kernel failed on them too.
       A row of a float mask at -inf everywhere (a query that sees no key) gets eager's 0,
-      not OpenVINO's NaN (``_masked_rows_as_eager``). Random ones (``dropout_p`` > 0)
-      never reach a backend;
+      not OpenVINO's NaN (``arbiter.decompose.masked_rows``, before the fusion). Random
+      ones (``dropout_p`` > 0) never reach a backend;
     * a PT2E dequantize of integer codes no quantize in the partition made (a constant
       int8 weight, codes read from an input), its arithmetic (``_dequantize_codes``).
       The frontend makes a quantize and the dequantize of it one FakeQuantize, and skips
@@ -108,23 +109,22 @@ def _for_openvino(gm: torch.fx.GraphModule, reshape: bool = True) -> torch.fx.Gr
         return gm
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
+    guard_masked_rows(graph, gm)  # before the fusion below: eager's 0 where no key
     for n in list(graph.nodes):
         if n.op != "call_function":
             continue
         if view is not None and n.target is view:
             n.target = torch.ops.aten.reshape.default
         elif n.target is flash:
-            _fuse_attention(graph, n, gm)
+            _fuse_attention(graph, n)
         elif of_codes(n):
             _dequantize_codes(graph, n)
     graph.lint()
     return torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
 
 
-def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node,
-                    owner: torch.fx.GraphModule) -> None:
-    """Replace one ``_scaled_dot_product_flash_attention_for_cpu`` by SDPA (see above),
-    its fully masked rows made eager's (``_masked_rows_as_eager``)."""
+def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+    """Replace one ``_scaled_dot_product_flash_attention_for_cpu`` by SDPA (see above)."""
     users = list(node.users)
     if any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in users):
         return  # the log-sum-exp is read (a backward graph): keep the op as it is
@@ -144,55 +144,11 @@ def _fuse_attention(graph: torch.fx.Graph, node: torch.fx.Node,
     sdpa.meta = dict(node.meta)
     if isinstance(node.meta.get("val"), (tuple, list)):
         sdpa.meta["val"] = node.meta["val"][0]
-    out = _masked_rows_as_eager(graph, sdpa, bound.get("attn_mask"), owner)
     for u in users:
         if u.args[1] == 0:
-            u.replace_all_uses_with(out)
+            u.replace_all_uses_with(sdpa)
         graph.erase_node(u)
     graph.erase_node(node)
-
-
-def _masked_rows_as_eager(graph: torch.fx.Graph, sdpa: torch.fx.Node, mask,
-                          owner: torch.fx.GraphModule) -> torch.fx.Node:
-    """``sdpa`` with eager's result where a query sees no key. The CPU kernel returns 0
-    for a row its float mask holds at -inf everywhere (a left-padded batch under a causal
-    mask: transformers' static cache at batch 2); OpenVINO's attention returned NaN there,
-    which went on into the cache and that sequence's logits. So the mask is clamped to
-    the dtype's lowest finite value (what -inf adds to a score is the same: a weight of
-    exactly 0 beside any visible key) and the rows with no key above -inf are multiplied
-    by 0. Not done where the mask is a constant without such a row (a causal mask alone)."""
-    if not isinstance(mask, torch.fx.Node):
-        return sdpa
-    val = mask.meta.get("val")
-    if not isinstance(val, torch.Tensor) or not val.is_floating_point():
-        return sdpa
-    if mask.op == "get_attr":
-        held = getattr(owner, str(mask.target), None)
-        if isinstance(held, torch.Tensor) and bool((held > float("-inf")).any(-1).all()):
-            return sdpa
-    aten = torch.ops.aten
-    lowest = torch.finfo(val.dtype).min
-
-    def call(op, *args, **kwargs):
-        out = graph.call_function(op, args, kwargs)
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
-        if all(not isinstance(a, torch.fx.Node) or isinstance(v, torch.Tensor)
-               for a, v in zip(args, vals)):
-            out.meta["val"] = op(*vals, **kwargs)
-        return out
-
-    with graph.inserting_before(sdpa):
-        clamped = call(aten.clamp.default, mask, lowest)
-    sdpa.replace_input_with(mask, clamped)
-    with graph.inserting_after(sdpa):
-        seen = call(aten.ne.Scalar, mask, float("-inf"))
-    with graph.inserting_after(seen):
-        rows = call(aten.any.dim, seen, -1, True)
-    with graph.inserting_after(rows):
-        keep = call(aten._to_copy.default, rows, dtype=val.dtype)
-    with graph.inserting_after(keep):
-        out = call(aten.mul.Tensor, sdpa, keep)
-    return out
 
 
 def of_codes(node: torch.fx.Node) -> bool:

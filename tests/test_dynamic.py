@@ -678,3 +678,36 @@ def test_a_dtype_probe_keeps_the_dynamic_record(make_backend):
     after = manifest_update(dyn, probe(cls(), ops=["add"], dtypes=["float32"]))
     assert after["ops"]["aten.add.Tensor"]["dynamic"] is True
     assert after["probe"]["dynamic_samples_passed"] == dyn["probe"]["dynamic_samples_passed"]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_query_that_sees_no_key_gets_eagers_zeros_in_a_symbolic_graph(backend,
+                                                                        fresh_dynamo):
+    # A batch row that is all padding: its queries see no key. The first call (checked)
+    # had no such row; ONNX Runtime's export of the whole CPU flash attention (a symbolic
+    # partition gets no traced decompositions) then returned NaN, silently, on the calls
+    # that had one (arbiter/decompose/masked_rows.py).
+    pytest.importorskip(backend)
+
+    class Attend(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(16, 16)
+
+        def forward(self, x, mask):
+            return torch.nn.functional.scaled_dot_product_attention(self.proj(x), x, x,
+                                                                    attn_mask=mask)
+
+    torch.manual_seed(0)
+    model = Attend().eval()
+    compiled = torch.compile(model, backend=arbiter.Arbiter(
+        {"backends": [backend], "against_eager": "off"}), dynamic=True)
+    with torch.no_grad():
+        for batch, length in ((2, 5), (3, 7), (4, 9)):
+            x = torch.randn(batch, 2, length, 16)
+            for padded in (False, True):
+                mask = torch.ones(batch, 1, length, length, dtype=torch.bool)
+                mask[0, ..., length - 2:] = False
+                if padded:
+                    mask[1] = False  # the second sequence is all padding
+                torch.testing.assert_close(compiled(x, mask), model(x, mask), **TOL)

@@ -131,9 +131,33 @@ def for_backend(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
 
 def for_symbolic(gm: torch.fx.GraphModule, backend: Any) -> torch.fx.GraphModule:
     """A symbolic partition as ``backend`` gets it: decompositions are traced for static
-    shapes only, so none is applied; grouped attention heads are repeated where its
-    manifest wants the flash attention decomposed (``repeat_grouped_heads``)."""
-    return repeat_grouped_heads(gm, _names(backend))
+    shapes only, so none is applied; where its manifest wants the flash attention
+    decomposed (its own translation of the op is not eager's), grouped attention heads
+    are repeated (``repeat_grouped_heads``) and rows its mask leaves no key get eager's
+    zeros (``masked_rows``: ONNX Runtime's export computed NaN there, silently, on the
+    calls that had such a row)."""
+    names = _names(backend)
+    out = repeat_grouped_heads(gm, names)
+    return _rows_guarded(out, out is gm) if wants(names, _FLASH) else out
+
+
+def _rows_guarded(gm: torch.fx.GraphModule, shared: bool) -> torch.fx.GraphModule:
+    """``gm`` with ``masked_rows.guard_masked_rows`` applied (on a copy where ``shared``:
+    the partition's graph serves the other entries of its chain); ``gm`` where nothing
+    applies."""
+    import copy
+
+    from .masked_rows import FLASH, guard_masked_rows
+
+    if not any(n.target is FLASH for n in gm.graph.nodes):
+        return gm
+    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__) \
+        if shared else gm
+    if guard_masked_rows(new.graph, new):
+        new.graph.lint()
+        new.recompile()
+        return new
+    return gm
 
 
 def _names(backend: Any) -> tuple:
