@@ -234,9 +234,10 @@ class Arbiter:
         if not self._resources_applied:
             self.apply_resources(training=torch.is_grad_enabled() and any(
                 isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs))
+        handed = dynamo_graph(gm, owner)
         with self._lock:
             first = not self._dynamo_graphs
-            self._dynamo_graphs.append(dynamo_graph(gm, owner))
+            self._dynamo_graphs.append(handed)
         if first:
             with _ARBITERS_LOCK:
                 _ARBITERS.append(weakref.ref(self))
@@ -251,9 +252,17 @@ class Arbiter:
 
         # AOTAutograd traces (make_fx) here; keep its process-global tracing state from
         # threads running compiled graphs meanwhile (run/isolation.py)
-        with tracing_in_this_thread():
-            fn = lower(gm, example_inputs, compile_graph, decompositions=self._decompositions,
-                       freeze_weights=self.config.freeze_weights)
+        try:
+            with tracing_in_this_thread():
+                fn = lower(gm, example_inputs, compile_graph,
+                           decompositions=self._decompositions,
+                           freeze_weights=self.config.freeze_weights)
+        except torch._dynamo.exc.RestartAnalysis:
+            # Dynamo restarts its trace (a scalar it tensorifies) and hands the graph
+            # over again: this one was no graph of the model (the report counted it)
+            with self._lock:
+                self._dynamo_graphs = [g for g in self._dynamo_graphs if g is not handed]
+            raise
         if self.dry_run or not any(r.kind == "forward" for r in records):
             return fn
         # a graph that trains: its plan against Dynamo's own graph in eager (run/step.py)

@@ -159,3 +159,41 @@ def test_settings_with_an_arbiter_instance_are_refused(fresh_dynamo, kw):
     with pytest.raises(Exception) as info:
         torch.compile(fn, backend=be, **kw)(torch.randn(3))
     assert "Arbiter instance" in str(info.value)
+
+
+def test_a_trace_dynamo_restarts_is_not_counted_as_a_graph(fresh_dynamo):
+    # With dynamic=True Dynamo restarts its analysis from inside the backend call
+    # (TensorifyScalarRestartAnalysis: a scalar it makes a tensor) and hands the graph
+    # over again; the report said "Dynamo: 2 graphs" for the one graph compiled.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.ln = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+            self.drop = torch.nn.Dropout(0.1)
+
+        def forward(self, x):
+            return self.drop(self.ln(self.lin(x)))
+
+    calls = []
+    original = arbiter.Arbiter.__call__
+
+    def spy(self, gm, example, **kw):
+        try:
+            out = original(self, gm, example, **kw)
+        except BaseException as exc:
+            calls.append(type(exc).__name__)
+            raise
+        calls.append("returned")
+        return out
+
+    arbiter.Arbiter.__call__ = spy
+    try:
+        compiled = torch.compile(M().eval(), backend="arbiter",
+                                 options={"backends": ["onnxruntime"]}, dynamic=True)
+        with torch.no_grad():
+            compiled(torch.randn(3, 16))
+    finally:
+        arbiter.Arbiter.__call__ = original
+    rep = arbiter.report_for(compiled)
+    assert calls[-1] == "returned" and len(rep.graphs) == 1
+    assert rep.graph_breaks.graphs == 1 and "Dynamo: 1 graph," in str(rep), calls
