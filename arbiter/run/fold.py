@@ -102,11 +102,18 @@ def _independent(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
 
 def _keep_outputs_fresh(free: set[torch.fx.Node]) -> None:
     """Unfold what the output or a view (or a non-ATen op such as ``getitem``) reads,
-    until nothing folded is read so (the caller must never hold a folded constant)."""
+    and then what reads an unfolded node, until nothing folded is read so (the caller
+    must never hold a folded constant) and every folded node's inputs are folded or
+    constants (a view unfolded under a folded node left it unable to compute: Llama's
+    rotary set-up at a batch-2 recompile, "KeyError: unsqueeze", nothing folded)."""
     changed = True
     while changed:
         changed = False
         for n in list(free):
+            if any(a.op != "get_attr" and a not in free for a in n.all_input_nodes):
+                free.discard(n)
+                changed = True
+                continue
             for u in n.users:
                 if u in free:
                     continue
