@@ -252,7 +252,7 @@ def validation_error(located: Located, exc, model, cls: type[ConfigError] = Conf
     if err["type"] == "extra_forbidden":
         valid = fields_at(model, loc[:-1])
         msg = (f"unknown key {loc[-1]!r}{did_you_mean(loc[-1], valid)}; "
-               f"valid keys: {', '.join(valid)}")
+               + (f"valid keys: {', '.join(valid)}" if valid else "it takes no keys"))
     elif err["type"] == "missing":
         msg = "required key is missing"
     elif "input" in err and err["type"] not in ("value_error", "assertion_error"):

@@ -273,3 +273,14 @@ def test_output_paths_and_dynamic_ranges_are_checked_before_the_work(tmp_path, c
     factory.write_text("notfunc = 3\n")
     assert main(["report", f"{factory}:notfunc", "--dry-run"]) == 2
     assert "is a int, not a function returning (model, inputs)" in capsys.readouterr().err
+
+
+def test_a_saved_programs_report_refuses_what_would_compile(tmp_path, capsys):
+    # Before: `arbiter report x.arbiter --dry-run` / `--config cpu` / `--time 5` were
+    # silently ignored (the saved report is read, nothing compiled); `--time -5` accepted.
+    path = str(tmp_path / "x.arbiter")
+    assert main(["report", path, "--dry-run", "--config", "cpu"]) == 2
+    assert "--config and --dry-run do not apply" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", "mlp", "--time", "-5"])
+    assert "a number of calls is 0 or more" in capsys.readouterr().err

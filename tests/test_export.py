@@ -131,12 +131,16 @@ def test_eight_threads(saved):
     assert all(not p.fallbacks for g in program.report().graphs for p in g.partitions)
 
 
-def test_missing_backend_falls_back_to_eager(saved):
+def test_missing_backend_falls_back_to_eager(saved, caplog):
     """A config at load whose ONNX Runtime cannot run (a provider this build lacks):
-    the partition runs in eager ATen, the report says why, the answer is eager's."""
+    the partition runs in eager ATen, the load warns and the report says why, the answer
+    is eager's."""
     cfg = {"backends": [{"name": "onnxruntime",
                          "options": {"providers": ["CUDAExecutionProvider"]}}]}
-    program = arbiter.load(saved["onnxruntime"], config=cfg)
+    with caplog.at_level("WARNING", logger="arbiter.deploy.loading"):
+        program = arbiter.load(saved["onnxruntime"], config=cfg)
+    assert any("its saved artifact is not used: onnxruntime is not available here" in
+               r.getMessage() for r in caplog.records), caplog.records
     model, _ = mlp()
     x = torch.randn(7, 32)
     with torch.no_grad():

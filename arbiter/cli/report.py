@@ -18,6 +18,7 @@ table's words need it), and no line ends in spaces; explain and demo write alike
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import time
@@ -26,8 +27,6 @@ from typing import Any, Optional
 
 
 def add_arguments(parser) -> None:
-    import argparse
-
     from .models import MODEL_ARG, add_mode_arguments, models_epilog
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the examples' lines
@@ -42,7 +41,7 @@ def add_arguments(parser) -> None:
                              "STEM.fallbacks.json (node data) for Google's Model Explorer")
     parser.add_argument("--dry-run", action="store_true",
                         help="plan only (arbiter.explain): nothing is compiled")
-    parser.add_argument("--time", type=int, default=0, metavar="N",
+    parser.add_argument("--time", type=_calls, default=0, metavar="N",
                         help="after compiling, time N calls (per-partition times and shares)")
     add_mode_arguments(parser)
     parser.add_argument("--no-breaks", action="store_true",
@@ -51,6 +50,17 @@ def add_arguments(parser) -> None:
                         help="width of the tables (default: the terminal's; off a terminal "
                              "100, tables only as wide as their cells)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _calls(text: str) -> int:
+    """``--time``'s N: a count of calls, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of calls") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: a number of calls is 0 or more")
+    return n
 
 
 def config_label(spec, k: int = 0) -> str:
@@ -127,6 +137,15 @@ def run(args) -> int:
     reports = []
     if _saved_program(args.model):  # a file `arbiter export` / Program.save wrote
         from ..deploy.report import saved_report
+        from ..errors import ArbiterError
+
+        given = [flag for flag, on in (("--config", args.config), ("--dry-run", args.dry_run),
+                                       ("--time", args.time)) if on]
+        if given:  # what the saved program holds is read, nothing is compiled or run
+            raise ArbiterError(f"{args.model}: a saved program's report is read as it was "
+                               f"saved; {' and '.join(given)} "
+                               f"{'does' if len(given) == 1 else 'do'} not apply (arbiter.load "
+                               "with a config compiles it again: docs/deploy.md)")
 
         reports.append(saved_report(args.model))
     else:

@@ -133,7 +133,12 @@ class Loader:
         """(the saved artifact loaded, or None; why not); ``files``: the future of its
         files (``_files``), None when ``_refused`` says why."""
         if files is None:  # refused before its files were read
-            return None, self._refused(p) or "not read"
+            why = self._refused(p) or "not read"
+            if p.artifact is not None and p.saved_link().backend not in self.backends:
+                # said at load, not only in the report: it runs down its saved chain
+                log.warning("%s: partition %s: its saved artifact is not used: %s; it runs "
+                            "down the saved chain", self.path, p.id, why)
+            return None, why
         name = p.artifact.backend
         backend = self.backends[p.saved_link().backend]
         files = files.result()  # a file refused (size, hash) raises here
