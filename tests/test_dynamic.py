@@ -711,3 +711,28 @@ def test_a_query_that_sees_no_key_gets_eagers_zeros_in_a_symbolic_graph(backend,
                 if padded:
                     mask[1] = False  # the second sequence is all padding
                 torch.testing.assert_close(compiled(x, mask), model(x, mask), **TOL)
+
+
+def test_the_masked_rows_guard_keeps_eagers_output_and_logsumexp():
+    # a training forward reads the kernel's logsumexp too (its backward does): 0 where a
+    # row has no key, as the CPU kernel's; the output's rows 0 as well
+    from arbiter.decompose.masked_rows import FLASH, guard_masked_rows
+
+    def attend(q, k, v, mask):
+        out, lse = FLASH(q, k, v, attn_mask=mask)
+        return out, lse
+
+    q, k, v = (torch.randn(2, 2, 4, 8) for _ in range(3))
+    mask = torch.zeros(2, 1, 4, 4)
+    mask[1] = float("-inf")  # the second sequence sees no key at all
+    gm = make_fx(attend, tracing_mode="fake")(q, k, v, mask)
+    want = gm(q, k, v, mask)
+    assert guard_masked_rows(gm.graph, gm)
+    gm.graph.lint()
+    gm.recompile()
+    got = gm(q, k, v, mask)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert torch.equal(want[0][1], torch.zeros_like(want[0][1]))
+    clamped = next(n for n in gm.graph.nodes if n.target is FLASH).kwargs["attn_mask"]
+    assert clamped.target is torch.ops.aten.clamp.default  # the kernel sees no -inf row

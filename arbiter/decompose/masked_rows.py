@@ -53,7 +53,10 @@ def _guard(graph: torch.fx.Graph, node: torch.fx.Node, owner: Any) -> bool:
         vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
         if all(not isinstance(a, torch.fx.Node) or isinstance(v, torch.Tensor)
                for a, v in zip(args, vals)):
-            out.meta["val"] = op(*vals, **kwargs)
+            try:  # what a node computes, traced (exporters trace again without it)
+                out.meta["val"] = op(*vals, **kwargs)
+            except Exception:  # noqa: BLE001 - values of two fake modes, say
+                pass
         return out
 
     outputs = {u.args[1]: u for u in node.users
@@ -68,7 +71,7 @@ def _guard(graph: torch.fx.Graph, node: torch.fx.Node, owner: Any) -> bool:
         _after(graph, outputs[0], lambda out: call(aten.mul.Tensor, out, keep))
     if 1 in outputs:  # the logsumexp (batch, heads, length): 0 where no key, as eager's
         _after(graph, outputs[1], lambda lse: call(
-            aten.where.self, call(aten.squeeze.dim, rows, -1), lse, 0.0))
+            aten.where.ScalarOther, call(aten.squeeze.dim, rows, -1), lse, 0.0))
     return True
 
 
