@@ -155,3 +155,59 @@ def test_loaded_program_raises_eagers_error_and_stays_on_its_backend(tmp_path):
     assert any(p.backend == "onnxruntime" for p in parts), str(loaded.report())
     assert all(p.backend == p.planned_backend and not p.fallbacks for p in parts), \
         str(loaded.report())
+
+
+def _guarded(make_backend, name: str, ops: list, fn, good, bad, dynamic: bool) -> None:
+    """``fn`` compiled on a backend counting its calls: the bad calls raise eager's error
+    and never reach it (OpenVINO's gather answered with rows of zeros, ONNX Runtime's
+    scatter wrapped a negative position); the good ones run on it."""
+    calls = []
+
+    def counting(self, gm, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return gm(*args)
+        return run
+
+    make_backend(name, ops, compile=counting, dynamic=dynamic)
+    be = arbiter.Arbiter({"backends": [name], "min_block_size": 1,
+                          "against_eager": "off", "verify": {"mode": "off"}})
+    compiled = torch.compile(fn, backend=be, dynamic=dynamic)
+    with torch.no_grad():
+        for args in good:
+            torch.testing.assert_close(compiled(*args), fn(*args))
+        before = len(calls)
+        for args in bad:
+            with pytest.raises((IndexError, RuntimeError)) as eager:
+                fn(*args)
+            with pytest.raises(type(eager.value)):
+                compiled(*args)
+        assert len(calls) == before  # the bad calls never reached the backend
+        for args in good:  # and it runs the good ones still
+            torch.testing.assert_close(compiled(*args), fn(*args))
+        assert len(calls) > before
+    _stayed(be, name)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_positions_of_every_indexing_op_are_guarded(make_backend, fresh_dynamo, dynamic):
+    # Before: only embedding, index_select, gather, index_copy and index_add were guarded,
+    # and none whose indexed size was symbolic: x[i] with i past the rows came back from
+    # OpenVINO as a row of zeros, scatter's -1 from ONNX Runtime wrapped to the last
+    # column, an embedding of a weight passed as an input went unchecked with dynamic=True.
+    x = torch.arange(40.0).view(10, 4)
+    cases = [
+        ("ix", ["aten.index.Tensor", "aten.mul.Tensor"], lambda t, i: t[i] * 2,
+         [(x, torch.tensor([1, 2, 3])), (x, torch.tensor([-1, -10, 9]))],  # negatives: Python's
+         [(x, torch.tensor([9, 10, 0])), (x, torch.tensor([-11, 0, 0]))]),
+        ("sc", ["aten.scatter.src"], lambda t, i, s: torch.scatter(t, 1, i, s),
+         [(torch.zeros(3, 5), torch.tensor([[0, 1], [2, 3], [1, 4]]), torch.ones(3, 2))],
+         [(torch.zeros(3, 5), torch.tensor([[-1, 0], [0, 0], [0, 0]]), torch.ones(3, 2))]),
+        ("em", ["aten.embedding.default", "aten.mul.Tensor"],
+         lambda i, w: torch.nn.functional.embedding(i, w) * 2,
+         [(torch.tensor([[1, 2, 3]]), x), (torch.tensor([[0, 9, 3]]), x)],
+         [(torch.tensor([[0, 10, 3]]), x), (torch.tensor([[-1, 2, 3]]), x)]),
+    ]
+    for tag, ops, fn, good, bad in cases:
+        torch._dynamo.reset()
+        _guarded(make_backend, f"ue_{tag}_{int(dynamic)}", ops, fn, good, bad, dynamic)

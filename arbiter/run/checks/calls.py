@@ -88,51 +88,106 @@ _INDEXING = {
     "aten.gather.default": (0, 1, 2, False),
     "aten.index_copy.default": (0, 1, 2, False),
     "aten.index_add.default": (0, 1, 2, False),
+    "aten.scatter.src": (0, 1, 2, False),
+    "aten.scatter.value": (0, 1, 2, False),
+    "aten.scatter_add.default": (0, 1, 2, False),
+    "aten.scatter_reduce.two": (0, 1, 2, False),
 }
+#: advanced indexing (``x[i]``, ``x[i] = v``): a list of indices, the k-th for dimension
+#: k, negative positions counted from the end as in Python
+_ADVANCED = ("aten.index.Tensor", "aten.index_put.default", "aten._unsafe_index.Tensor",
+             "aten._unsafe_index_put.default")
 
 
 class IndexGuard:
     """Bounds of the positions a partition reads from its own inputs (token ids into an
-    embedding, cache positions into ``index_copy``), checked before a backend runs:
-    backends answer an index out of range with a garbage row (OpenVINO), an error of
+    embedding, cache positions into ``index_copy``, ``x[i]``, ``scatter``'s index),
+    checked before a backend runs: backends answer an index out of range with a garbage
+    or zero row (OpenVINO), a wrapped negative one (ONNX Runtime's scatter), an error of
     their own (ONNX Runtime's Gather) or a process abort (an Inductor kernel's bounds
     check inside a parallel loop). Out of range, eager ATen runs the call and raises
-    eager's error, the user's (``Piece``)."""
+    eager's error, the user's (``Piece``). A symbolic size is computed per call from the
+    inputs' sizes (``shapes.Reader``); one no input gives is not checked."""
 
-    def __init__(self, checks: list[tuple[int, int, bool]]):
-        self._checks = checks  # (input position, rows, negative allowed)
+    def __init__(self, checks: list[tuple[int, Any, bool]], sizes: Optional[Any] = None):
+        # (input position, rows: an int, or the position in ``sizes(args)``, negative
+        # allowed); ``sizes``: the symbolic rows' values from a call's arguments
+        self._checks = checks
+        self._sizes = sizes
 
     @classmethod
     def of(cls, gm: torch.fx.GraphModule) -> Optional["IndexGuard"]:
-        from ...ops import op_name
+        found = list(_indexed(gm))
+        if not found:
+            return None
+        from ...shapes import Reader, expr, input_values
 
-        placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes
-                                                   if n.op == "placeholder")}
+        found = [(i, rows if isinstance(rows, int) else expr(rows), negative)
+                 for i, rows, negative in found]
+        symbolic = sorted({rows for _, rows, _ in found if not isinstance(rows, int)}, key=str)
+        sizes = None
+        if symbolic:
+            reader = Reader(input_values(gm))
+            sizes = reader.function(symbolic, "index_rows") if reader.env is not None \
+                else None
         checks = []
-        for n in gm.graph.nodes:
-            spec = _INDEXING.get(op_name(n.target)) if n.op == "call_function" else None
-            if spec is None:
-                continue
-            src, dim_at, idx_at, negative = spec
-            if len(n.args) <= max(src, idx_at) or n.args[idx_at] not in placeholders:
-                continue
-            val = getattr(n.args[src], "meta", {}).get("val")
-            dim = 0 if dim_at is None else (n.args[dim_at] if len(n.args) > dim_at else 0)
-            if not isinstance(val, torch.Tensor) or not isinstance(dim, int) or \
-                    not -val.dim() <= dim < max(val.dim(), 1):
-                continue
-            rows = val.shape[dim] if val.dim() else 1
-            if isinstance(rows, int):  # symbolic sizes: the backend's own check
-                checks.append((placeholders[n.args[idx_at]], rows, negative))
-        return cls(sorted(set(checks))) if checks else None
+        for i, rows, negative in found:
+            if isinstance(rows, int):
+                checks.append((i, rows, negative))
+            elif sizes is not None:  # else: the backend's own check, as before
+                checks.append((i, ("sym", symbolic.index(rows)), negative))
+        return cls(sorted(set(checks), key=str), sizes) if checks else None
 
     def ok(self, args: Sequence[Any]) -> bool:
         """Whether every checked index is in range."""
+        sized = None
         for i, rows, negative in self._checks:
             t = args[i] if i < len(args) else None
-            if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_floating_point():
+            if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.is_floating_point() \
+                    or t.dtype == torch.bool:
                 continue
+            if not isinstance(rows, int):
+                if sized is None:
+                    sized = self._sizes(args)
+                rows = int(sized[rows[1]])
             lo, hi = torch.aminmax(t)
             if int(hi) >= rows or int(lo) < (-rows if negative else 0):
                 return False
         return True
+
+
+def _indexed(gm: torch.fx.GraphModule):
+    """(input position of an index, the indexed dimension's size: an int or a SymInt,
+    negative allowed) for each index a partition reads straight from its inputs."""
+    from ...ops import op_name
+
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes
+                                               if n.op == "placeholder")}
+
+    def size(src, dim):
+        val = getattr(src, "meta", {}).get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(dim, int) or \
+                not -val.dim() <= dim < max(val.dim(), 1):
+            return None
+        return val.shape[dim] if val.dim() else 1
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        name = op_name(n.target)
+        if name in _ADVANCED and len(n.args) > 1 and isinstance(n.args[1], (list, tuple)):
+            for dim, idx in enumerate(n.args[1]):
+                rows = size(n.args[0], dim) if idx in placeholders else None
+                if rows is not None:
+                    yield placeholders[idx], rows, True
+            continue
+        spec = _INDEXING.get(name)
+        if spec is None:
+            continue
+        src, dim_at, idx_at, negative = spec
+        if len(n.args) <= max(src, idx_at) or n.args[idx_at] not in placeholders:
+            continue
+        dim = 0 if dim_at is None else (n.args[dim_at] if len(n.args) > dim_at else 0)
+        rows = size(n.args[src], dim)
+        if rows is not None:
+            yield placeholders[n.args[idx_at]], rows, negative
