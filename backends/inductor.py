@@ -203,9 +203,26 @@ def _floating_remainder(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
+def _integer_truncation_by_a_tensor(node: torch.fx.Node) -> Optional[str]:
+    """Inductor's C++ kernel for an integer ``div(a, b, rounding_mode="trunc")`` divides
+    by ``b`` unchecked: a zero in ``b`` kills the process (SIGFPE; plain
+    ``torch.compile(backend="inductor")`` too), where eager raises ZeroDivisionError.
+    Found by a sweep of later calls' values (2026-11-29); floor division checks."""
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    val = node.meta.get("val")
+    divisor = node.args[1] if len(node.args) > 1 else None
+    if mode == "trunc" and isinstance(divisor, torch.fx.Node) and \
+            isinstance(val, torch.Tensor) and not val.dtype.is_floating_point \
+            and not val.dtype.is_complex:
+        return ("integer division rounding to zero by a tensor: a 0 in it kills the "
+                "process in Inductor's kernel (SIGFPE), where eager raises")
+    return None
+
+
 _VALIDATORS = {"aten.remainder.Tensor": _floating_remainder,
                "aten.remainder.Scalar": _floating_remainder,
-               "aten.remainder.Scalar_Tensor": _floating_remainder}
+               "aten.remainder.Scalar_Tensor": _floating_remainder,
+               "aten.div.Tensor_mode": _integer_truncation_by_a_tensor}
 
 
 @register_backend

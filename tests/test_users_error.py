@@ -211,3 +211,33 @@ def test_positions_of_every_indexing_op_are_guarded(make_backend, fresh_dynamo, 
     for tag, ops, fn, good, bad in cases:
         torch._dynamo.reset()
         _guarded(make_backend, f"ue_{tag}_{int(dynamic)}", ops, fn, good, bad, dynamic)
+
+
+def test_integer_truncating_division_by_zero_is_eagers_error_not_a_dead_process():
+    # Inductor's kernel divided unchecked: the process died of SIGFPE (exit 136) where
+    # eager raises; the validator keeps the op off Inductor. In a child process, so a
+    # regression fails this test rather than killing the run.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch, arbiter
+        fn = lambda a, b: torch.div(a, b, rounding_mode="trunc") + 1
+        be = arbiter.Arbiter({"backends": ["inductor"], "min_block_size": 1,
+                              "against_eager": "off"})
+        c = torch.compile(fn, backend=be)
+        assert c(torch.tensor([7, 8]), torch.tensor([2, 3])).tolist() == [4, 3]
+        try:
+            c(torch.tensor([7, 8]), torch.tensor([0, 3]))
+        except RuntimeError as exc:
+            print("raised", exc)
+        (part,) = [p for g in be.report().graphs for p in g.partitions
+                   if "aten.div.Tensor_mode" in p.ops]
+        print("div on", part.backend)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert "raised ZeroDivisionError" in run.stdout and "div on eager" in run.stdout, \
+        run.stdout
