@@ -348,7 +348,7 @@ def test_a_query_that_sees_no_key_gets_eagers_zeros():
     # transformers' static cache at batch 2 with left padding: the padded sequence's
     # first queries see no key (a float mask of -inf across the row). Eager's CPU kernel
     # returns 0 there; OpenVINO's attention returned NaN, which went into the cache and
-    # that sequence's logits (backends/_openvino_convert.py, _masked_rows_as_eager).
+    # that sequence's logits (arbiter/decompose/masked_rows.py, run before its conversion).
     class Attend(torch.nn.Module):
         def forward(self, q, k, v, mask):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
