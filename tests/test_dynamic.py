@@ -736,3 +736,19 @@ def test_the_masked_rows_guard_keeps_eagers_output_and_logsumexp():
     assert torch.equal(want[0][1], torch.zeros_like(want[0][1]))
     clamped = next(n for n in gm.graph.nodes if n.target is FLASH).kwargs["attn_mask"]
     assert clamped.target is torch.ops.aten.clamp.default  # the kernel sees no -inf row
+
+
+def test_a_symbolic_artifact_refused_says_the_backend_compiles_per_shape(make_backend,
+                                                                         fresh_dynamo,
+                                                                         caplog):
+    # Before: "liar failed to compile (...); falling back to liar", which read as a
+    # backend failing over to itself; the next entry is the same backend per shape.
+    make_backend("liar2", ["aten.relu.default", "aten.add.Tensor", "aten.mul.Tensor"],
+                 compile=_first_call_only, dynamic=True)
+    be = arbiter.Arbiter({"backends": ["liar2"], "min_block_size": 1})
+    compiled = torch.compile(lambda x: torch.relu(x) * 2 + x, backend=be, dynamic=True)
+    with caplog.at_level("WARNING", logger="arbiter.run.piece"):
+        for n in (4, 7):
+            compiled(torch.randn(n, 3))
+    said = [r.getMessage() for r in caplog.records if "failed to compile" in r.getMessage()]
+    assert said and all(m.endswith("liar2 compiles it per shape instead") for m in said), said

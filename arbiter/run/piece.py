@@ -27,7 +27,7 @@ from ..cache import served
 from ..config import VerifyOptions
 from ..errors import describe
 from ..ops import is_random
-from .chain import Entry
+from .chain import Entry, Mode
 from .checks.calls import IndexGuard, all_finite, restore, snapshot
 from .checks.first_use import FirstUse
 from .checks.piece_checks import PieceChecks
@@ -267,7 +267,8 @@ class Piece:
             backend = self._backends[level]
             if failure is not None:
                 frm, stage_reason = failure
-                self._note(frm, backend.name, *stage_reason)
+                self._note(frm, backend.name, *stage_reason,
+                           per_shape=getattr(backend, "mode", None) == Mode.PER_SHAPE)
             if backend.inline_aten:
                 fn = self.gm
                 break
@@ -323,7 +324,12 @@ class Piece:
                 self._served = []
                 self._advance(args, (failed, (stage, reason)))
 
-    def _note(self, frm: str, to: str, stage: str, reason: str) -> None:
+    def _note(self, frm: str, to: str, stage: str, reason: str,
+              per_shape: bool = False) -> None:
         self.record.fallbacks.append(Fallback(frm, to, stage, reason))
-        log.warning("%s partition %d: %s failed to %s (%s); falling back to %s",
-                    self._label, self.record.partition_id, frm, stage, reason, to)
+        # the same backend next in the chain: its per-shape entry after its symbolic one
+        # ("falling back to onnxruntime" from onnxruntime read as a failure to itself)
+        then = f"{to} compiles it per shape instead" if to == frm and per_shape \
+            else f"{to} compiles it again" if to == frm else f"falling back to {to}"
+        log.warning("%s partition %d: %s failed to %s (%s); %s",
+                    self._label, self.record.partition_id, frm, stage, reason, then)
