@@ -357,10 +357,7 @@ def second_assignment(values: Sequence[Any], args: Sequence[Any],
     check = _condition(env, syms, first)
     if check is None:
         return None
-    statics = set()
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
+    statics = _static_sizes(values)
     lows = {s: bounds(s, env)[0] for s in syms}
     moving = [s for s in syms if s not in hold]
     if not moving:
@@ -399,11 +396,14 @@ def held_symbols(values: Sequence[Any], args: Sequence[Any]) -> set:
     reader = Reader(values)
     if reader.env is None or reader.unbound:
         return set()
-    statics = set()
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            statics |= {int(s) for s in v.shape if not isinstance(s, torch.SymInt)}
+    statics = _static_sizes(values)
     return {s for s, v in reader.bind(args).items() if v in statics}
+
+
+def _static_sizes(values: Sequence[Any]) -> set[int]:
+    """The static sizes of the tensors among ``values`` (a graph's input values)."""
+    return {int(s) for v in values if isinstance(v, torch.Tensor)
+            for s in v.shape if not isinstance(s, torch.SymInt)}
 
 
 def tied_groups(values: dict) -> list[list]:

@@ -19,6 +19,7 @@ import operator
 import torch
 
 from arbiter.decompose.masked_rows import guard_masked_rows
+from arbiter.decompose.tracing import traced_call
 from arbiter.ops import is_dequantize, is_quantize
 from arbiter.shapes import bounds, expr, input_values, shape_env_of
 
@@ -177,10 +178,7 @@ def _dequantize_codes(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
     rank = codes.meta["val"].dim()
 
     def call(op, *args, **kwargs):
-        out = graph.call_function(op, args, kwargs)
-        vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
-        out.meta["val"] = op(*vals, **kwargs)
-        return out
+        return traced_call(graph, op, *args, **kwargs)
 
     def along_axis(t: torch.fx.Node) -> torch.fx.Node:  # (C,) -> broadcast on axis
         shape = [1] * rank
@@ -228,11 +226,7 @@ def _repeat_heads(graph: torch.fx.Graph, node: torch.fx.Node, groups: int) -> to
              (aten.expand.default, ([-1, -1, groups, -1, -1],)),
              (aten.flatten.using_ints, (1, 2)))
     for op, args in steps:
-        prev = out
-        out = graph.call_function(op, (prev,) + args)
-        val = prev.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            out.meta["val"] = op(val, *args)
+        out = traced_call(graph, op, out, *args)
     return out
 
 

@@ -71,7 +71,7 @@ def run(args) -> int:
     from ..deploy.archive import writable
     from .examples import load_model
 
-    writable(args.out)  # before the export's work, not after it
+    writable(args.out, "--out")  # before the export's work, not after it
     model, inputs = load_model(args.model)
     inputs = tuple(inputs)
     if hasattr(model, "eval"):

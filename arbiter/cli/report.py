@@ -127,13 +127,13 @@ def build_report(model, inputs, config, *, dry_run: bool, train: bool, time_call
 
 
 def run(args) -> int:
-    from .paths import output_file
+    from ..deploy.archive import writable
 
     configs = args.config or [None]
     for flag, path in (("--json", args.json), ("--html", args.html),
                        ("--explorer", args.explorer and args.explorer + ".json")):
         if path:
-            output_file(path, flag)
+            writable(path, flag)
     reports = []
     if _saved_program(args.model):  # a file `arbiter export` / Program.save wrote
         from ..deploy.report import saved_report

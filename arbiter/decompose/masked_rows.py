@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from .tracing import traced_call
+
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
@@ -49,15 +51,7 @@ def _guard(graph: torch.fx.Graph, node: torch.fx.Node, owner: Any) -> bool:
     aten = torch.ops.aten
 
     def call(op, *args, **kwargs):
-        out = graph.call_function(op, args, kwargs)
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
-        if all(not isinstance(a, torch.fx.Node) or isinstance(v, torch.Tensor)
-               for a, v in zip(args, vals)):
-            try:  # what a node computes, traced (exporters trace again without it)
-                out.meta["val"] = op(*vals, **kwargs)
-            except Exception:  # noqa: BLE001 - values of two fake modes, say
-                pass
-        return out
+        return traced_call(graph, op, *args, quiet=True, **kwargs)
 
     outputs = {u.args[1]: u for u in node.users
                if u.op == "call_function" and u.target is operator.getitem}

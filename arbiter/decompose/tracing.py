@@ -164,6 +164,24 @@ def inline(graph: torch.fx.Graph, node: torch.fx.Node, sub: torch.fx.GraphModule
     graph.erase_node(node)
 
 
+def traced_call(graph: torch.fx.Graph, op: Any, *args: Any, quiet: bool = False,
+                **kwargs: Any) -> torch.fx.Node:
+    """A new ``op`` node of ``graph`` (at its insert point) with its traced value where
+    every node among ``args`` has one (what a rewrite's backend reads of it; exporters
+    trace again). ``quiet``: a value that fails to compute is left out (values of two fake
+    modes, say) rather than raised."""
+    out = graph.call_function(op, args, kwargs)
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
+    if all(not isinstance(a, torch.fx.Node) or isinstance(v, torch.Tensor)
+           for a, v in zip(args, vals)):
+        try:
+            out.meta["val"] = op(*vals, **kwargs)
+        except Exception:  # noqa: BLE001 - re-raised unless quiet
+            if not quiet:
+                raise
+    return out
+
+
 def _fake_mode_of(node: torch.fx.Node) -> Any:
     """The fake mode of ``node``'s traced value (or of its inputs'), None if none."""
     from torch._subclasses.fake_tensor import FakeTensor

@@ -42,15 +42,16 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature 
 CHUNK = 16 * 1024 * 1024
 
 
-def writable(path: str | os.PathLike) -> Path:
-    """``path`` as a file a program can be saved to: ArbiterError naming it where it is a
-    directory or its folder does not exist (checked before an export's work, too)."""
+def writable(path: str | os.PathLike, flag: str = "") -> Path:
+    """``path`` as a file that can be written (a saved program, a command's ``flag``
+    output): ArbiterError naming it where it is a directory or its folder does not exist,
+    checked before the work that fills it (a compile of minutes)."""
     path = Path(path)
+    named = f"{flag} {path}" if flag else str(path)
     if path.is_dir():
-        raise ArbiterError(f"{path}: is a directory; give a file path to save the program to")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ArbiterError(f"{path}: the folder {folder} does not exist")
+        raise ArbiterError(f"{named}: is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise ArbiterError(f"{named}: the folder {path.parent} does not exist")
     return path
 
 

@@ -116,13 +116,20 @@ class Loader:
         art = p.artifact
         if art is None:
             return p.not_saved or "no saved artifact"
-        base = p.saved_link().backend
-        if base not in self.backends:
-            return f"{base} is not available here ({self.missing.get(base, 'not in the config')})"
+        missing = self._missing(p)
+        if missing is not None:
+            return missing
         if art.entry.get("native_code") and not self.native_code:
             return (f"its {art.entry.get('format', art.backend)} artifact is native code (a "
                     "shared library), loaded only with arbiter.load(..., native_code=True)")
         return None
+
+    def _missing(self, p: SavedPartition) -> Optional[str]:
+        """Why the backend of ``p``'s saved artifact cannot load it here, or None."""
+        base = p.saved_link().backend
+        if base in self.backends:
+            return None
+        return f"{base} is not available here ({self.missing.get(base, 'not in the config')})"
 
     def _files(self, p: SavedPartition) -> dict[str, bytes]:
         """Partition ``p``'s artifact files, each checked (archive.py)."""
@@ -134,7 +141,7 @@ class Loader:
         files (``_files``), None when ``_refused`` says why."""
         if files is None:  # refused before its files were read
             why = self._refused(p) or "not read"
-            if p.artifact is not None and p.saved_link().backend not in self.backends:
+            if p.artifact is not None and self._missing(p) is not None:
                 # said at load, not only in the report: it runs down its saved chain
                 log.warning("%s: partition %s: its saved artifact is not used: %s; it runs "
                             "down the saved chain", self.path, p.id, why)
