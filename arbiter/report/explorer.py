@@ -27,10 +27,6 @@ def _graph_id(r: Report, g: GraphReport, several: bool) -> str:
     return f"{r.label or r.config or 'report'}: {base}" if several else base
 
 
-def _runs_on(p) -> str:
-    return p.backend if p.compiled else p.planned_backend
-
-
 def _graph(r: Report, g: GraphReport, gid: str, colors: dict[str, str]) -> dict[str, Any]:
     parts = {p.id: p for p in g.partitions}
     nodes: list[dict[str, Any]] = []
@@ -44,7 +40,7 @@ def _graph(r: Report, g: GraphReport, gid: str, colors: dict[str, str]) -> dict[
                       "attrs": [{"key": "kind", "value": "graph input"}]})
     for n in g.graph:
         p = parts[n.partition]
-        b = _runs_on(p)
+        b = p.runs_on
         attrs = [("op", n.op), ("backend", b + ("" if p.compiled else " (plan)")),
                  ("planned backend", p.planned_backend), ("partition", f"#{p.id}"),
                  ("module", n.module or "(top level)"),
@@ -82,7 +78,7 @@ def explorer_files(reports: Report | Sequence[Report], label: str = "torch-arbit
             res, fell = {}, {}
             for n in g.graph:
                 p = parts[n.partition]
-                b = _runs_on(p)
+                b = p.runs_on
                 res[n.name] = {"value": order.index(b) if b in order else len(order),
                                "bgColor": colors.get(b, "#9d9d9d")}
                 fell[n.name] = {"value": 1, "bgColor": FALLBACK_MARK} if p.fallbacks \

@@ -237,7 +237,7 @@ def rule_reports(plan: Plan, parts: list[PartitionReport], pin: Mapping[str, str
                 continue
             nodes += 1
             part = part_of.get(node)
-            runs = (part.backend if part.compiled else part.planned_backend) if part else "?"
+            runs = part.runs_on if part else "?"
             target = backend if kind == "pin" else fallback
             if runs == target:
                 applied += 1

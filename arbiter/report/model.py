@@ -134,6 +134,11 @@ class PartitionReport(BaseModel):
         "PT2E: `uint8` activations, `int8` weights), which that backend runs with the "
         "layers they feed (docs/precision.md)")
 
+    @property
+    def runs_on(self) -> str:
+        """The backend running it (compiled), or planned to (not compiled yet)."""
+        return self.backend if self.compiled else self.planned_backend
+
 
 class RefusalReport(BaseModel):
     op: str
@@ -329,9 +334,7 @@ class GraphReport(BaseModel):
     def ran_on(self, p: "PartitionReport") -> str:
         """What runs ``p``'s nodes now: ``eager`` where the step runs Dynamo's graph,
         else the backend running it (compiled) or planned to (not compiled yet)."""
-        if self.on_dynamo_graph:
-            return EAGER_NAME
-        return p.backend if p.compiled else p.planned_backend
+        return EAGER_NAME if self.on_dynamo_graph else p.runs_on
 
 
 class BackendStatus(BaseModel):

@@ -29,10 +29,6 @@ def esc(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def runs_on(p) -> str:
-    return p.backend if p.compiled else p.planned_backend
-
-
 def module_groups(g: GraphReport, max_groups: int = MAX_GROUPS) -> tuple[int, list[tuple[str, list]]]:
     """(depth, [(module path cut at that depth, its nodes in graph order)]): the deepest
     cut with at most ``max_groups`` groups (at least depth 1), in model order (``TOP``,
@@ -94,7 +90,7 @@ def strip(g: GraphReport, colors: dict[str, str], rid: int) -> str:
            f'aria-label="partitions in plan order">']
     for p in g.partitions:
         w = max(p.nodes, 1) * unit
-        b = runs_on(p)
+        b = p.runs_on
         fell = " fell-back" if p.fallbacks else ""
         tip = (f"#{p.id} {b}{'' if p.compiled else ' (plan)'}: {plural(p.nodes, 'node')}"
                + "".join(f"; fell back at {f.stage}: {f.from_backend} -> {f.to_backend}: "
@@ -129,7 +125,7 @@ def bar(shares: dict[str, float], colors: dict[str, str], total: float = 0.0,
 def node_counts(g: GraphReport) -> dict[str, int]:
     out: dict[str, int] = {}
     for p in g.partitions:
-        b = runs_on(p)
+        b = p.runs_on
         out[b] = out.get(b, 0) + p.nodes
     return out
 
@@ -157,7 +153,7 @@ def overview(r: Report, g: GraphReport, colors: dict[str, str], rid: int) -> str
         by: dict[str, int] = {}
         pids: list[int] = []
         for n in nodes:
-            b = runs_on(parts[n.partition])
+            b = parts[n.partition].runs_on
             by[b] = by.get(b, 0) + 1
             if n.partition not in pids:
                 pids.append(n.partition)
@@ -217,8 +213,8 @@ def time_section(r: Report, g: GraphReport, colors: dict[str, str]) -> str:
     rows = []
     for p in sorted(timed, key=lambda p: -per_call[p.id]):
         ms = per_call[p.id]
-        rows.append(f'<tr data-partition="{p.id}"><td>#{p.id} {esc(runs_on(p))}</td>'
-                    f'<td class="barcell">{bar({runs_on(p): ms}, colors, call_ms, "ms")}</td>'
+        rows.append(f'<tr data-partition="{p.id}"><td>#{p.id} {esc(p.runs_on)}</td>'
+                    f'<td class="barcell">{bar({p.runs_on: ms}, colors, call_ms, "ms")}</td>'
                     f'<td class="num">{ms:.3f} ms</td><td class="num">'
                     f'{ms / (call_ms or 1):.0%}</td></tr>')
     rest = (f"; the rest of a call ({max(call_ms - sum(per_call.values()), 0):.3f} ms): inline "
